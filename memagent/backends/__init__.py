@@ -1,0 +1,59 @@
+"""Backends: one file each behind memagent.protocol.Backend. Imported lazily: torch and HTTP stay out
+of `import memagent` and load only for the backend actually used."""
+from __future__ import annotations
+
+import sys
+
+from ..tokenizer import HFTokenizer, Tokenizer, TokenizerError, load_tokenizer
+
+KINDS = ("embedded", "openai", "instant", "scripted")
+
+
+def make_backend(kind: str, model: str | None = None, base_url: str | None = None, api_key: str | None = None,
+                 **kw):
+    if kind == "embedded":
+        from ..models import DEFAULT_MODEL
+        from .embedded import EmbeddedBackend
+
+        return EmbeddedBackend.load(model or DEFAULT_MODEL, **kw)
+    if kind == "openai":
+        from .openai_http import OpenAIBackend
+
+        if not base_url:
+            raise ValueError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+        return OpenAIBackend(base_url, model=model, api_key=api_key, **kw)
+    if kind == "instant":
+        from .instant import InstantBackend
+
+        return InstantBackend(**kw)
+    if kind == "scripted":
+        from .scripted import ScriptedBackend
+
+        return ScriptedBackend(**kw)
+    raise ValueError(f"unknown backend {kind!r}; choose one of {', '.join(KINDS)}")
+
+
+def resolve_tokenizer(kind: str, model: str | None, spec: str | None, warn=print) -> Tokenizer:
+    """The tokenizer chunk sizes are counted in.
+
+    embedded: the model's own. openai: `spec` (tokenizer.json, HF folder, .gguf, or 'cl100k_base');
+    a registered embedded model name also works. Without either, chunks are counted in cl100k_base
+    tokens and a warning says that sizes only approximate the served model's tokens.
+    """
+    from .. import models
+
+    if spec:
+        if spec.endswith(".gguf") or (spec in models.MODELS):
+            return HFTokenizer.from_file(models.tokenizer_path(spec))
+        return load_tokenizer(spec)
+    if kind == "embedded" or (model in models.MODELS):
+        return HFTokenizer.from_file(models.tokenizer_path(model or models.DEFAULT_MODEL))
+    if kind in ("instant", "scripted"):
+        return load_tokenizer("cl100k_base")
+    warn("memagent: no --tokenizer given; counting chunk sizes in cl100k_base tokens, which only "
+         "approximate the served model's tokens. Pass --tokenizer (tokenizer.json, HF folder or .gguf) "
+         "for exact chunks.", file=sys.stderr)
+    return load_tokenizer("cl100k_base")
+
+
+__all__ = ["make_backend", "resolve_tokenizer", "KINDS", "TokenizerError"]

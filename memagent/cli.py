@@ -1,0 +1,228 @@
+"""`memagent` command line: ask / eval / train / serve / models.
+
+Every error a user can cause ends as one line on stderr and exit code 2 (1 for a failed question), never
+a traceback: the CLI catches the library's user-facing error types in one place (`USER_ERRORS`).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+MIN_CHUNK_TOKENS = 16
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from .chunking import DocumentError
+    from .models import ModelError
+    from .prompts import TemplateError
+    from .protocol import BackendError
+    from .state import StateError
+    from .tokenizer import TokenizerError
+
+    return (DocumentError, ModelError, TemplateError, BackendError, StateError, TokenizerError, ValueError,
+            FileNotFoundError, IsADirectoryError, PermissionError)
+
+
+def add_backend_args(p: argparse.ArgumentParser) -> None:
+    """Backend options shared by ask / eval / serve."""
+    p.add_argument("--backend", default="embedded", choices=["embedded", "openai", "instant"],
+                   help="embedded: offline model from PyPI (default); openai: any OpenAI-compatible server")
+    p.add_argument("--model", default=None, help="embedded: registry name or HF folder; openai: served model name")
+    p.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL"), help="e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--api-key", default=None, help="default: $OPENAI_API_KEY (never written to traces or results)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json, HF folder, .gguf or cl100k_base (openai backend)")
+    p.add_argument("--threads", type=int, default=None, help="embedded: torch threads (default: all cores)")
+    p.add_argument("--concurrency", type=int, default=None, help="openai: requests in flight at most")
+
+
+def backend_from_args(args):
+    """(backend, tokenizer, model spec or None) from parsed args."""
+    from . import models
+    from .backends import make_backend, resolve_tokenizer
+
+    spec = None
+    if args.backend == "embedded":
+        name = args.model or models.DEFAULT_MODEL
+        spec = models.MODELS.get(name)
+        if spec is None and not os.path.isdir(name):
+            raise models.ModelError(f"unknown model {name!r}; known: {', '.join(models.MODELS)} or an HF folder")
+        tokenizer = resolve_tokenizer("embedded", name, args.tokenizer)
+        kw = {"threads": args.threads} if args.threads else {}
+        backend = make_backend("embedded", model=name, **kw)
+    else:
+        tokenizer = resolve_tokenizer(args.backend, args.model, args.tokenizer, warn=print)
+        kw = {"concurrency": args.concurrency} if args.concurrency else {}
+        backend = make_backend(args.backend, model=args.model, base_url=args.base_url, api_key=args.api_key, **kw)
+    return backend, tokenizer, spec
+
+
+def reading_defaults(args, spec) -> tuple[int, int, str]:
+    """chunk, memory, template: the original's 5000/1024 for servers, measured values for embedded models."""
+    chunk = args.chunk_tokens or (spec.chunk_tokens if spec else 5000)
+    memory = args.memory_tokens or (spec.memory_tokens if spec else 1024)
+    template = args.template or (spec.default_template if spec else "memagent")
+    if chunk < MIN_CHUNK_TOKENS:
+        raise ValueError(f"--chunk-tokens {chunk} is too small; use at least {MIN_CHUNK_TOKENS}")
+    if memory <= 0:
+        raise ValueError(f"--memory-tokens must be positive, got {memory}")
+    return chunk, memory, template
+
+
+def check_window(agent, spec, questions: list[str]) -> None:
+    """Refuse settings whose prompts cannot fit the embedded model's window, before any work."""
+    if spec is None:
+        return
+    t = agent.template
+    fixed = len(agent.tokenizer.encode(t.update)) + 32  # chat wrapper
+    q = max(len(agent.tokenizer.encode(x)) for x in questions)
+    need = fixed + q + agent.chunk_tokens + 2 * agent.reader.config.memory_tokens
+    if need > spec.context_window:
+        raise ValueError(f"chunk ({agent.chunk_tokens}) + memory ({agent.reader.config.memory_tokens}) + "
+                         f"prompt need ~{need} tokens, more than {spec.name}'s window of {spec.context_window}")
+
+
+def _progress(document_size: int | None):
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    cols = [TextColumn("[bold]reading"), BarColumn(), TextColumn("{task.fields[chunks]} chunks"),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
+    if document_size is None:
+        cols = [TextColumn("[bold]reading"), TextColumn("{task.fields[chunks]} chunks"), TimeElapsedColumn()]
+    bar = Progress(*cols, transient=True, console=None, disable=not sys.stderr.isatty())
+    task = bar.add_task("read", total=document_size, chunks=0)
+    return bar, task
+
+
+def cmd_ask(args) -> int:
+    from .chunking import open_document
+    from .driver import MemoryAgent
+    from .prompts import load_template
+
+    questions = [q for q in args.questions]
+    if not questions:
+        raise ValueError("give at least one question")
+    for q in questions:
+        if not q.strip():
+            raise ValueError("a question is empty")
+    if args.api_key is None:
+        args.api_key = os.environ.get("OPENAI_API_KEY")
+    from . import models
+
+    spec = models.MODELS.get(args.model or models.DEFAULT_MODEL) if args.backend == "embedded" else None
+    chunk, memory, template = reading_defaults(args, spec)
+    template = load_template(template)  # bad template or document: fail before loading any model
+    document = open_document(args.doc if args.doc == "-" else Path(args.doc))
+    backend, tokenizer, spec = backend_from_args(args)
+    agent = MemoryAgent(backend, tokenizer, template=template, chunk_tokens=chunk, memory_tokens=memory,
+                        answer_tokens=args.answer_tokens, temperature=args.temperature, seed=args.seed)
+    check_window(agent, spec, questions)
+    bar, task = _progress(document.size)
+    n = {"chunks": 0}
+
+    def on_chunk(c, read):
+        n["chunks"] += 1
+        bar.update(task, completed=read if document.size else None, chunks=n["chunks"])
+
+    async def run():
+        try:
+            return await agent.aread(document, questions, trace=args.trace, state=args.state, progress=on_chunk)
+        finally:
+            await backend.aclose()
+
+    t0 = time.perf_counter()
+    with bar:
+        answers = asyncio.run(run())
+    failed = 0
+    for a in answers:
+        for w in a.warnings:
+            print(f"memagent: warning: {w}", file=sys.stderr)
+        if a.error:
+            failed += 1
+            print(f"memagent: question failed: {a.question!r}: {a.error}", file=sys.stderr)
+        if args.json:
+            print(json.dumps(a.to_json(), ensure_ascii=False))
+        else:
+            print(f"Q: {a.question}\nA: {a.answer if a.answer is not None else '(no answer: ' + str(a.error) + ')'}")
+    if not args.json:
+        a = answers[0]
+        print(f"({a.chunks} chunks, {a.doc_tokens} tokens, {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def cmd_models(args) -> int:
+    from . import models
+
+    for name, spec in models.MODELS.items():
+        try:
+            where = str(models.gguf_path(name)) if args.verify else "(not checked; use --verify)"
+        except models.ModelError as e:
+            where = f"not installed: {e}"
+        default = " (default)" if name == models.DEFAULT_MODEL else ""
+        print(f"{name}{default}: {spec.description}\n  template={spec.default_template} chunk={spec.chunk_tokens} "
+              f"memory={spec.memory_tokens} window={spec.context_window}\n  {where}")
+    if args.prepare:
+        print(models.hf_dir(args.prepare))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="memagent", description="Read documents of any length through a small memory.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    a = sub.add_parser("ask", help="answer questions about a document (DOC may be '-' for stdin)")
+    a.add_argument("doc")
+    a.add_argument("questions", nargs="+", metavar="QUESTION")
+    add_backend_args(a)
+    a.add_argument("--chunk-tokens", type=int, default=None, help="tokens per chunk (server default 5000)")
+    a.add_argument("--memory-tokens", type=int, default=None, help="memory cap in tokens (server default 1024)")
+    a.add_argument("--answer-tokens", type=int, default=256)
+    a.add_argument("--template", default=None, help="built-in name (notes, memagent) or a .toml/.json file")
+    a.add_argument("--temperature", type=float, default=0.0)
+    a.add_argument("--seed", type=int, default=None)
+    a.add_argument("--trace", default=None, help="append one JSON line per model call to this file")
+    a.add_argument("--state", default=None, help="save memory after every chunk here; rerun to resume")
+    a.add_argument("--json", action="store_true", help="one JSON object per question on stdout")
+    a.set_defaults(func=cmd_ask)
+
+    m = sub.add_parser("models", help="list the embedded models")
+    m.add_argument("--verify", action="store_true", help="check installed files and sha256")
+    m.add_argument("--prepare", metavar="NAME", help="convert NAME to an HF folder now (cached)")
+    m.set_defaults(func=cmd_models)
+
+    for mod in ("memagent.eval", "memagent.rl.trainer", "memagent.server.router"):
+        try:
+            importlib.import_module(mod).add_parser(sub)
+        except (ImportError, AttributeError):
+            continue
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except KeyboardInterrupt:
+        hint = f"; rerun with --state {args.state} to resume" if getattr(args, "state", None) else ""
+        print(f"memagent: interrupted{hint}", file=sys.stderr)
+        return 130
+    except _user_errors() as e:
+        if os.environ.get("MEMAGENT_DEBUG"):
+            raise
+        print(f"memagent: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if os.environ.get("MEMAGENT_DEBUG"):
+            raise
+        print(f"memagent: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

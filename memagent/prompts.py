@@ -1,0 +1,157 @@
+"""Prompt templates as data, safe rendering, and answer extraction.
+
+Templates live in `memagent/templates/*.toml` (one place; users pass `--template FILE` for their own,
+e.g. the wording a released checkpoint was trained with). A template has an update prompt with
+{question} {memory} {chunk}, a final prompt with {question} {memory}, and the empty-memory marker.
+
+Why rendering is not `str.format`: a document may contain "{memory}" or "</section>". Placeholders are
+substituted in one pass (inserted text is never scanned again), and any of the template's own markers
+(<tag>, </tag>, cue lines such as "Updated memory:") that appear inside inserted text are neutralised, so
+document text cannot close the section early, open a fake memory block, or overwrite the question.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+PLACEHOLDER = re.compile(r"\{(question|memory|chunk)\}")
+TAG = re.compile(r"</?\s*([A-Za-z_][\w-]*)\s*>")
+ZWSP = "\u200b"  # invisible to a reader, breaks an exact match of a marker
+
+
+class TemplateError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    update: str
+    final: str
+    empty_memory: str
+    system: str | None = None
+
+    @property
+    def digest(self) -> str:
+        """Identifies the wording in state files: resuming with a different template is refused."""
+        h = hashlib.sha256("\x00".join([self.update, self.final, self.empty_memory, self.system or ""]).encode())
+        return h.hexdigest()[:16]
+
+    @property
+    def tag_names(self) -> set[str]:
+        return {m.group(1).lower() for m in TAG.finditer(self.update + self.final)}
+
+    @property
+    def cue_lines(self) -> list[str]:
+        """Non-empty lines outside placeholders that end in ':' (e.g. 'Updated memory:')."""
+        cues = []
+        for text in (self.update, self.final):
+            for line in text.splitlines():
+                s = line.strip()
+                if s.endswith(":") and len(s) < 60 and "{" not in s:
+                    cues.append(s)
+        return cues
+
+    def __post_init__(self):
+        for field, text, need in (("update", self.update, {"question", "memory", "chunk"}),
+                                  ("final", self.final, {"question", "memory"})):
+            have = set(PLACEHOLDER.findall(text))
+            if not need <= have:
+                missing = ", ".join("{" + n + "}" for n in sorted(need - have))
+                raise TemplateError(f"template {self.name!r}: the {field} prompt lacks {missing}")
+        if not self.empty_memory.strip():
+            raise TemplateError(f"template {self.name!r}: empty_memory must not be blank")
+
+
+def builtin_templates() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("memagent.templates").iterdir() if p.name.endswith(".toml"))
+
+
+def load_template(name_or_path: str) -> Template:
+    """A built-in name ('notes', 'memagent') or a path to a .toml/.json file with the same keys."""
+    p = Path(name_or_path).expanduser()
+    if p.is_file():
+        raw = p.read_bytes()
+        try:
+            data = tomllib.loads(raw.decode("utf-8")) if p.suffix != ".json" else __import__("json").loads(raw)
+        except Exception as e:
+            raise TemplateError(f"cannot parse template {p}: {e}") from None
+        data.setdefault("name", p.stem)
+    elif name_or_path in builtin_templates():
+        data = tomllib.loads((resources.files("memagent.templates") / f"{name_or_path}.toml").read_text())
+    else:
+        raise TemplateError(f"template {name_or_path!r} is neither a file nor one of: {', '.join(builtin_templates())}")
+    unknown = set(data) - {"name", "update", "final", "empty_memory", "system"}
+    if unknown:
+        raise TemplateError(f"template {name_or_path}: unknown keys {sorted(unknown)}")
+    for key in ("update", "final", "empty_memory"):
+        if not isinstance(data.get(key), str):
+            raise TemplateError(f"template {name_or_path}: missing text field {key!r}")
+    return Template(**data)
+
+
+def neutralise(text: str, template: Template) -> str:
+    """Defuse the template's own markers inside inserted text; everything else is left as is."""
+    names = template.tag_names
+
+    def fix_tag(m: re.Match) -> str:
+        if m.group(1).lower() not in names:
+            return m.group(0)
+        return m.group(0).replace("<", "\u2039").replace(">", "\u203a")  # ‹tag› reads the same to a person
+
+    text = TAG.sub(fix_tag, text)
+    for cue in template.cue_lines:
+        if cue in text:
+            text = text.replace(cue, cue[0] + ZWSP + cue[1:])
+    for ph in ("{question}", "{memory}", "{chunk}"):
+        if ph in text:  # harmless with one-pass rendering, but a user's own template tool may re-render
+            text = text.replace(ph, "{" + ZWSP + ph[1:])
+    return text
+
+
+def render(text: str, template: Template, **values: str) -> str:
+    safe = {k: neutralise(v, template) for k, v in values.items()}
+    return PLACEHOLDER.sub(lambda m: safe[m.group(1)], text)
+
+
+def to_messages(template: Template, user: str) -> list[dict]:
+    msgs = [{"role": "system", "content": template.system}] if template.system else []
+    return msgs + [{"role": "user", "content": user}]
+
+
+def strip_reasoning(reply: str) -> str:
+    """Reasoning models think first; only what follows the last </think> is the memory or answer."""
+    i = reply.rfind("</think>")
+    return reply[i + len("</think>"):] if i >= 0 else reply
+
+
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def extract_boxed(reply: str) -> str | None:
+    """Content of the last \\boxed{...} (braces balanced), or None when there is none."""
+    starts = [m.end() for m in _BOX.finditer(reply)]
+    for start in reversed(starts):
+        depth, i = 1, start
+        while i < len(reply):
+            c = reply[i]
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+                if depth == 0:
+                    return reply[start:i].strip()
+            i += 1
+        # unbalanced: the reply was cut off inside the box; take what is there
+        return reply[start:].strip()
+    return None
+
+
+def extract_answer(reply: str) -> str:
+    reply = strip_reasoning(reply)
+    boxed = extract_boxed(reply)
+    return boxed if boxed is not None else reply.strip()

@@ -1,0 +1,54 @@
+"""The one small interface every model backend implements (core: no HTTP, no torch).
+
+Why this shape: the reader loop only ever needs "turn these chat messages into a reply of at most N
+tokens". Everything else (batching, KV reuse, HTTP retries) is the backend's business, so a backend is a
+single async method. Many coroutines call `generate` at once; a backend that can batch (the embedded
+model) gathers concurrent calls into one forward, one that cannot (HTTP) just bounds its concurrency.
+
+Training needs more than text: the exact prompt/response token ids and the sampling log-probs. Those
+are optional fields of `Generation`, filled when the request asks for them (`return_tokens=True`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+class BackendError(RuntimeError):
+    """A call failed for a reason the user should see in one line (server down, bad key, ...)."""
+
+
+@dataclass
+class GenerationRequest:
+    messages: list[dict]  # OpenAI-style chat messages: [{"role": "user", "content": "..."}]
+    max_tokens: int
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    return_tokens: bool = False  # fill Generation.prompt_ids/response_ids/logprobs (training)
+    # Requests sharing `cache_key` share a long prompt prefix (instruction + question); a backend may
+    # keep that prefix's KV cache between calls. Purely a hint: results must not depend on it.
+    cache_key: str | None = None
+
+
+@dataclass
+class Generation:
+    text: str
+    finish_reason: str = "stop"  # "stop" (ended by EOS/stop) or "length" (hit max_tokens)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_ids: list[int] | None = None
+    response_ids: list[int] | None = None
+    logprobs: list[float] | None = None  # log-prob of each response token under the sampling policy
+    extra: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the driver needs from a model. `name` goes into traces and results."""
+
+    name: str
+
+    async def generate(self, request: GenerationRequest) -> Generation: ...
+
+    async def aclose(self) -> None: ...

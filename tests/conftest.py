@@ -1,0 +1,27 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer():
+    """SmolLM2's real tokenizer (byte-level BPE), converted once from the packaged GGUF and cached."""
+    from memagent import models
+    from memagent.tokenizer import HFTokenizer
+
+    return HFTokenizer.from_file(models.tokenizer_path("smollm2-135m"))
+
+
+@pytest.fixture(scope="session")
+def essays():
+    import importlib.resources as r
+    import json
+
+    return json.loads((r.files("long_context_eval") / "data/synthetic/json/PaulGrahamEssays.json").read_text())["text"]

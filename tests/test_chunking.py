@@ -1,0 +1,96 @@
+"""Chunking must be token-exact and lossless: concatenated chunks give the document back exactly."""
+import io
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memagent.chunking import DocumentError, iter_chunks, open_document
+from memagent.tokenizer import ByteTokenizer
+
+
+def roundtrip(text, tok, n):
+    chunks = list(iter_chunks(text, tok, n))
+    assert "".join(c.text for c in chunks) == text
+    assert all(c.n_tokens == n for c in chunks[:-1])
+    assert 0 < chunks[-1].n_tokens <= n
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    assert sum(c.n_tokens for c in chunks) == len(tok.encode(text))
+    return chunks
+
+
+def test_exact_sizes_real_tokenizer(smol_tokenizer, essays):
+    text = essays[:200_000]
+    chunks = roundtrip(text, smol_tokenizer, 1000)
+    # each chunk's start is where its first token starts in the whole-text tokenization
+    ids, starts = smol_tokenizer.encode_offsets(text)
+    assert [c.start_char for c in chunks[1:]] == [starts[i * 1000] for i in range(1, len(chunks))]
+
+
+def test_streaming_gives_same_ids_as_whole_text(smol_tokenizer, essays):
+    """Blocks are cut at safe positions, so streaming tokenization equals whole-text tokenization."""
+    from memagent.chunking import _pieces, open_document
+
+    text = essays[:1_200_000]
+    pieces = list(_pieces(open_document(text).blocks(), smol_tokenizer))
+    assert len(pieces) > 3
+    assert [i for p in pieces for i in smol_tokenizer.encode(p)] == smol_tokenizer.encode(text)
+
+
+def test_multibyte_cut_comes_back_whole():
+    text = "héllo wörld 日本語 🎉 " * 40
+    chunks = roundtrip(text, ByteTokenizer(), 7)  # 7 bytes: boundaries fall inside characters
+    assert all("\ufffd" not in c.text for c in chunks)
+
+
+def test_multibyte_real_tokenizer(smol_tokenizer):
+    text = "Ünïcödé ✓ 日本語のテキスト 🎉🎉 emoji-heavy 👩‍👩‍👧 text. " * 100
+    for n in (1, 3, 17, 64):
+        roundtrip(text, smol_tokenizer, n)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(min_size=1, max_size=400), st.integers(min_value=1, max_value=40))
+def test_roundtrip_property_bytes(text, n):
+    roundtrip(text, ByteTokenizer(), n)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.text(min_size=1, max_size=300), st.integers(min_value=1, max_value=30))
+def test_roundtrip_property_real(smol_tokenizer, text, n):
+    roundtrip(text, smol_tokenizer, n)
+
+
+def test_file_and_stdin_stream(tmp_path, smol_tokenizer, essays):
+    p = tmp_path / "doc.txt"
+    p.write_text(essays[:50_000], encoding="utf-8")
+    a = [c.text for c in iter_chunks(str(p), smol_tokenizer, 500)]
+    b = [c.text for c in iter_chunks(io.BytesIO(essays[:50_000].encode()), smol_tokenizer, 500)]
+    assert a == b and "".join(a) == essays[:50_000]
+
+
+def test_bad_documents(tmp_path):
+    tok = ByteTokenizer()
+    with pytest.raises(DocumentError, match="no such file|empty"):
+        list(iter_chunks(open_document(tmp_path / "missing.txt"), tok, 10))
+    with pytest.raises(DocumentError, match="directory"):
+        open_document(tmp_path)
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(DocumentError, match="empty"):
+        list(iter_chunks(str(tmp_path / "empty.txt"), tok, 10))
+    (tmp_path / "bin").write_bytes(b"\x7fELF\x00\x00\x01" * 100)
+    with pytest.raises(DocumentError, match="binary"):
+        list(iter_chunks(str(tmp_path / "bin"), tok, 10))
+
+
+def test_invalid_utf8_replaced_and_counted(tmp_path):
+    p = tmp_path / "latin1.txt"
+    p.write_bytes("caf\xe9 cr\xe8me ".encode("latin-1") * 3)
+    doc = open_document(str(p))
+    text = "".join(c.text for c in iter_chunks(doc, ByteTokenizer(), 5))
+    assert text.count("\ufffd") == 6 and doc.invalid_utf8 == 6
+
+
+def test_chunk_size_must_be_positive():
+    with pytest.raises(ValueError):
+        list(iter_chunks("abc", ByteTokenizer(), 0))
