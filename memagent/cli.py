@@ -52,7 +52,9 @@ def backend_from_args(args):
         spec = models.MODELS.get(name)
         if spec is None and not os.path.isdir(name):
             raise models.ModelError(f"unknown model {name!r}; known: {', '.join(models.MODELS)} or an HF folder")
-        tokenizer = resolve_tokenizer("embedded", name, args.tokenizer)
+        if args.tokenizer:
+            raise ValueError("--tokenizer is for server backends; the embedded model always uses its own tokenizer")
+        tokenizer = resolve_tokenizer("embedded", name, None)
         kw = {"threads": args.threads} if args.threads else {}
         backend = make_backend("embedded", model=name, **kw)
     else:

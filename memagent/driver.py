@@ -166,6 +166,9 @@ class MemoryAgent:
         if store:
             store.save(document.name, questions, self.settings(), n_chunks, doc_tokens, None,
                        [self._dump(q) for q in qs], answers=[a.to_json() for a in answers])
+        if self.tokenizer_warning:
+            for a in answers:
+                a.warnings.append(self.tokenizer_warning)
         if document.invalid_utf8:
             for a in answers:
                 a.warnings.append(f"{document.invalid_utf8} invalid UTF-8 sequence(s) replaced with U+FFFD")
@@ -193,6 +196,7 @@ class MemoryAgent:
             tracer.write(step="update", question=qi, chunk=chunk.index, error=q.error)
             return
         q.state = self.reader.apply_update(q.state, gen)
+        self._check_tokenizer(chunk, gen)
         tracer.write(step="update", question=qi, chunk=chunk.index, chunk_tokens=chunk.n_tokens,
                      prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens,
                      finish_reason=gen.finish_reason, memory=q.state.memory,
@@ -208,6 +212,21 @@ class MemoryAgent:
         tracer.write(step="final", question=qi, prompt_tokens=gen.prompt_tokens,
                      completion_tokens=gen.completion_tokens, reply=gen.text, answer=q.state.answer,
                      seconds=round(time.perf_counter() - t, 4))
+
+    tokenizer_warning: str | None = None
+
+    def _check_tokenizer(self, chunk: Chunk, gen: Generation) -> None:
+        """A server counts the prompt in its own tokens. If that count cannot contain our chunk (far fewer
+        tokens) or is far larger than chunk + memory + template, our tokenizer is not the served model's."""
+        if self.tokenizer_warning is not None or not gen.prompt_tokens or chunk.n_tokens < 256:
+            return
+        upper = 2 * (chunk.n_tokens + self.reader.config.memory_tokens + 1024)
+        if gen.prompt_tokens < 0.6 * chunk.n_tokens or gen.prompt_tokens > upper:
+            self.tokenizer_warning = (
+                f"the backend counted {gen.prompt_tokens} prompt tokens for a {chunk.n_tokens}-token chunk: "
+                f"the tokenizer ({self.tokenizer.name}) probably does not match the model; chunk sizes are off")
+        else:
+            self.tokenizer_warning = ""
 
     @staticmethod
     def _dump(q: _Q) -> dict:

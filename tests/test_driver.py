@@ -162,3 +162,19 @@ def test_empty_question_rejected(smol_tokenizer):
     agent = MemoryAgent(ScriptedBackend(), smol_tokenizer, template="notes", chunk_tokens=128)
     with pytest.raises(ValueError, match="empty"):
         agent.ask("some text", "   ")
+
+
+def test_tokenizer_mismatch_warning(smol_tokenizer):
+    """A backend whose prompt-token count cannot hold our chunk means our tokenizer is not the model's."""
+
+    class Liar(ScriptedBackend):
+        async def generate(self, request):
+            g = await super().generate(request)
+            g.prompt_tokens = 10  # the "server" saw a 10-token prompt for a 300-token chunk
+            return g
+
+    agent = MemoryAgent(Liar(), smol_tokenizer, template="notes", chunk_tokens=300)
+    a = agent.ask(doc_with("The secret code is 4."), "What is the secret code?")
+    assert any("does not match" in w for w in a.warnings)
+    ok = MemoryAgent(ScriptedBackend(), smol_tokenizer, template="notes", chunk_tokens=300)
+    assert ok.ask(doc_with("The secret code is 4."), "What is the secret code?").warnings == []
