@@ -39,6 +39,8 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", default=None, help="tokenizer.json, HF folder, .gguf or cl100k_base (openai backend)")
     p.add_argument("--threads", type=int, default=None, help="embedded: torch threads (default: all cores)")
     p.add_argument("--concurrency", type=int, default=None, help="openai: requests in flight at most")
+    p.add_argument("--timeout", type=float, default=None, help="openai: seconds per request (default 120)")
+    p.add_argument("--max-retries", type=int, default=None, help="openai: retries on 5xx/429/timeouts (default 5)")
 
 
 def backend_from_args(args):
@@ -59,7 +61,8 @@ def backend_from_args(args):
         backend = make_backend("embedded", model=name, **kw)
     else:
         tokenizer = resolve_tokenizer(args.backend, args.model, args.tokenizer, warn=print)
-        kw = {"concurrency": args.concurrency} if args.concurrency else {}
+        kw = {k: getattr(args, k) for k in ("concurrency", "timeout", "max_retries")
+              if getattr(args, k, None) is not None and args.backend == "openai"}
         backend = make_backend(args.backend, model=args.model, base_url=args.base_url, api_key=args.api_key, **kw)
     return backend, tokenizer, spec
 

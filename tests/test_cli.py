@@ -100,7 +100,7 @@ def test_template_without_placeholder(tmp_path, doc):
 
 def test_unreachable_server(doc):
     p = run("ask", str(doc), "Q?", "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
-            "--tokenizer", "cl100k_base", env={"MEMAGENT_MAX_RETRIES": "1"})
+            "--tokenizer", "cl100k_base", "--max-retries", "1", "--timeout", "5")
     assert p.returncode in (1, 2) and "Traceback" not in p.stderr
     assert "memagent:" in p.stderr
 
