@@ -1,0 +1,484 @@
+"""`memagent eval`: accuracy versus document length, resumable, for the memory agent and a direct baseline.
+
+One run = one method on one model with fixed reading settings, over tasks x lengths x N samples. Every
+finished sample is appended to DIR/samples.jsonl at once (a kill loses at most the samples in flight);
+a failed sample is written with its error and counted as incorrect and as a failure, never dropped
+(MemAgent's own script silently skipped failed calls, which inflates accuracy). Rerunning with the same
+DIR skips finished samples, retries failed ones, and tolerates a torn last line. DIR/summary.json holds
+the accuracy per task x length (naming the metric), and DIR/accuracy_vs_length.png the curve; `memagent
+eval plot DIR1 DIR2 ...` draws several runs on one figure, like Figure 1 of the MemAgent paper.
+
+`--method direct` is the baseline the paper compares against: the whole document in one prompt,
+truncated in the middle (head + tail) to fit the model's window, answer asked in \\boxed{}.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import io
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .protocol import Backend, GenerationRequest
+from .tasks import Sample, format_length, iter_samples, resolve_tasks, tasks
+from .tasks.scoring import score
+from .tokenizer import Tokenizer
+
+DIRECT_PROMPT = ("Read the document below, then answer the question. Put the final answer inside \\boxed{{}}.\n\n"
+                 "Question: {question}\n\n<document>\n{document}\n</document>\n\nQuestion: {question}\n"
+                 "Give the final answer inside \\boxed{{}}.")
+OMITTED = "\n[... middle of the document omitted ...]\n"
+CHAT_OVERHEAD = 64  # tokens a chat template adds around one user message (system line, role markers)
+REPLY_CHARS = 2000  # replies and memories are kept in samples.jsonl up to this many characters
+# Settings that must match for a DIR to be resumed (tasks, lengths and N may grow between runs).
+IDENTITY = ("method", "backend", "model", "tokenizer", "chunk_tokens", "memory_tokens", "template",
+            "answer_tokens", "temperature", "seed", "context_window")
+
+
+@dataclass
+class EvalConfig:
+    tasks: list[str]
+    lengths: list[int]
+    n: int = 128
+    method: str = "memagent"  # memagent | direct
+    seed: int = 42
+    backend: str = "embedded"
+    model: str | None = None
+    tokenizer: str = ""
+    chunk_tokens: int = 5000
+    memory_tokens: int = 1024
+    template: str = "memagent"
+    answer_tokens: int = 256
+    temperature: float = 0.0
+    concurrency: int = 4
+    context_window: int | None = None  # direct: the model's window
+
+    def identity(self) -> dict:
+        d = asdict(self)
+        keep = {k: d[k] for k in IDENTITY}
+        if self.method == "direct":  # reading settings do not apply to a single call
+            keep.update(chunk_tokens=None, memory_tokens=None, template=None)
+        else:
+            keep["context_window"] = None
+        return keep
+
+
+# ---- results file -------------------------------------------------------------------------------------
+
+def read_records(path: Path) -> dict[str, dict]:
+    """Latest record per sample id; a torn (unterminated or unparsable) last line is ignored."""
+    out: dict[str, dict] = {}
+    if not path.is_file():
+        return out
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i >= len(lines) - 2:  # the last line of a killed run
+                continue
+            raise ValueError(f"{path}: line {i + 1} is not JSON; the file is damaged") from None
+        out[rec["id"]] = rec
+    return out
+
+
+def _repair_tail(path: Path) -> None:
+    """Cut an unterminated last line so the next append starts on a line of its own."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data.endswith(b"\n"):
+            return
+        f.truncate(data.rfind(b"\n") + 1)
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """One row per (task, length): N, failures, mean of the main metric (accuracy) and of every score."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["task"], r["length"]), []).append(r)
+    rows = []
+    for (task, length), rs in sorted(groups.items()):
+        keys = sorted({k for r in rs for k in r["scores"]})
+        ok = [r for r in rs if not r.get("error")]
+        rows.append({
+            "task": task, "length": length, "length_label": format_length(length), "metric": rs[0]["metric"],
+            "n": len(rs), "failures": len(rs) - len(ok),
+            "accuracy": round(100 * sum(r["correct"] for r in rs) / len(rs), 2),
+            "scores": {k: round(100 * sum(r["scores"].get(k, 0.0) for r in rs) / len(rs), 2) for k in keys},
+            "mean_doc_tokens": round(sum(r["doc_tokens"] for r in rs) / len(rs)),
+            "calls": sum(r["calls"] for r in rs), "prompt_tokens": sum(r["prompt_tokens"] for r in rs),
+            "completion_tokens": sum(r["completion_tokens"] for r in rs),
+            "seconds": round(sum(r["seconds"] for r in rs), 1),
+            "seconds_per_sample": round(sum(r["seconds"] for r in ok) / max(1, len(ok)), 2),
+        })
+    return rows
+
+
+def machine() -> dict:
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    if "torch" in sys.modules:
+        info["torch_threads"] = sys.modules["torch"].get_num_threads()
+    return info
+
+
+def write_summary(out: Path, cfg: EvalConfig, wall: float | None = None) -> dict:
+    records = list(read_records(out / "samples.jsonl").values())
+    summary = {
+        "what": "accuracy = mean of each task's main metric x 100 (metric named per row); failed samples count "
+                "as incorrect and in `failures`",
+        "method": cfg.method, "model": cfg.model, "backend": cfg.backend,
+        "config": asdict(cfg), "results": summarize(records),
+        "totals": {"samples": len(records), "failures": sum(1 for r in records if r.get("error")),
+                   "calls": sum(r["calls"] for r in records),
+                   "prompt_tokens": sum(r["prompt_tokens"] for r in records),
+                   "completion_tokens": sum(r["completion_tokens"] for r in records),
+                   "sample_seconds": round(sum(r["seconds"] for r in records), 1)},
+        "machine": machine(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+    }
+    if wall is not None:
+        summary["totals"]["wall_seconds_last_run"] = round(wall, 1)
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
+    os.replace(tmp, out / "summary.json")
+    return summary
+
+
+# ---- one sample ---------------------------------------------------------------------------------------
+
+def truncate_middle(text: str, tokenizer: Tokenizer, budget: int) -> tuple[str, bool]:
+    """Keep the first and last budget/2 tokens of `text` (the direct baseline's standard cut).
+
+    Only the two ends are tokenized when the text is long (a 3.5M-token document is never encoded whole).
+    """
+    if budget <= 0:
+        raise ValueError("the model's window leaves no room for the document")
+    head = budget // 2
+    tail = budget - head
+    span = budget * 16  # characters that surely hold `budget` tokens at either end
+    if len(text) > 2 * span:
+        ids, starts = tokenizer.encode_offsets(text[:span])
+        ids2, starts2 = tokenizer.encode_offsets(text[-span:])
+        if len(ids) > head and len(ids2) > tail:
+            return text[:starts[head]] + OMITTED + text[len(text) - span + starts2[len(ids2) - tail]:], True
+    ids, starts = tokenizer.encode_offsets(text)
+    if len(ids) <= budget:
+        return text, False
+    return text[:starts[head]] + OMITTED + text[starts[len(ids) - tail]:], True
+
+
+class Runner:
+    def __init__(self, cfg: EvalConfig, backend: Backend, tokenizer: Tokenizer, template=None):
+        self.cfg, self.backend, self.tokenizer = cfg, backend, tokenizer
+        self.agent = None
+        if cfg.method == "memagent":
+            from .driver import MemoryAgent
+
+            self.agent = MemoryAgent(backend, tokenizer, template=template or cfg.template,
+                                     chunk_tokens=cfg.chunk_tokens, memory_tokens=cfg.memory_tokens,
+                                     answer_tokens=cfg.answer_tokens, temperature=cfg.temperature, seed=cfg.seed)
+        elif cfg.method == "direct":
+            if not cfg.context_window:
+                raise ValueError("--method direct needs the model's window: pass --context-window N")
+            fixed = len(tokenizer.encode(DIRECT_PROMPT.format(question="", document="") + OMITTED))
+            self.doc_budget = cfg.context_window - cfg.answer_tokens - fixed - CHAT_OVERHEAD
+        else:
+            raise ValueError(f"unknown method {cfg.method!r}; use memagent or direct")
+
+    async def run(self, s: Sample) -> dict:
+        rec = {"id": s.id, "task": s.task, "length": s.length, "index": s.index, "method": self.cfg.method,
+               "model": self.cfg.model, "question": s.question, "gold": s.gold, "metric": s.metric,
+               "doc_tokens": s.doc_tokens, "calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "error": None}
+        t0 = time.perf_counter()
+        reply = None
+        try:
+            if self.agent is not None:
+                a = (await self.agent.aread(io.StringIO(s.document), [s.question]))[0]
+                reply, rec["error"] = a.reply, a.error
+                rec.update(doc_tokens=a.doc_tokens or s.doc_tokens, chunks=a.chunks, calls=a.calls,
+                           prompt_tokens=a.prompt_tokens, completion_tokens=a.completion_tokens,
+                           capped_updates=a.capped_updates, memory=(a.memory or "")[:REPLY_CHARS])
+            else:
+                budget = self.doc_budget - 2 * len(self.tokenizer.encode(s.question))  # it is asked twice
+                doc, cut = truncate_middle(s.document, self.tokenizer, budget)
+                prompt = DIRECT_PROMPT.format(question=s.question, document=doc)
+                gen = await self.backend.generate(GenerationRequest(
+                    messages=[{"role": "user", "content": prompt}], max_tokens=self.cfg.answer_tokens,
+                    temperature=self.cfg.temperature, seed=self.cfg.seed))
+                reply = gen.text
+                rec.update(calls=1, prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens,
+                           truncated=cut, kept_doc_tokens=min(s.doc_tokens, budget))
+        except Exception as e:  # recorded and counted, never dropped; a rerun retries it
+            rec["error"] = f"{type(e).__name__}: {e}"
+        pred, scores = score(s.metric, None if rec["error"] else reply, s.gold)
+        rec.update(prediction=pred, reply=(reply or "")[:REPLY_CHARS], scores=scores,
+                   correct=scores[s.metric], seconds=round(time.perf_counter() - t0, 3))
+        return rec
+
+
+# ---- the run ------------------------------------------------------------------------------------------
+
+def _check_dir(out: Path, cfg: EvalConfig) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "config.json"
+    if path.is_file():
+        old = json.loads(path.read_text()).get("identity", {})
+        diff = [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in cfg.identity().items() if old.get(k) != v]
+        if diff:
+            raise ValueError(f"{out} holds a run with other settings ({'; '.join(diff)}); use another --out")
+    path.write_text(json.dumps({"identity": cfg.identity(), "config": asdict(cfg)}, indent=1) + "\n")
+
+
+class _Progress:
+    """A rich bar with running accuracy on a terminal; one line per sample otherwise (logs)."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.correct, self.failed = total, 0, 0.0, 0
+        self.tty = sys.stderr.isatty()
+        self.bar = None
+        if self.tty:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+                TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("acc {task.fields[acc]}  failed {task.fields[failed]}"),
+                                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), transient=False)
+            self.task = self.bar.add_task("eval", total=total, acc="-", failed=0)
+
+    def __enter__(self):
+        if self.bar:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar:
+            self.bar.__exit__(*exc)
+
+    def update(self, rec: dict):
+        self.done += 1
+        self.correct += rec["correct"]
+        self.failed += bool(rec["error"])
+        acc = f"{100 * self.correct / self.done:.1f}%"
+        if self.bar:
+            self.bar.update(self.task, advance=1, acc=acc, failed=self.failed)
+        else:
+            err = f" error={rec['error'][:80]!r}" if rec["error"] else ""
+            print(f"[{self.done}/{self.total}] {rec['id']} {rec['metric']}={rec['correct']:.2f} acc={acc} "
+                  f"{rec['seconds']:.1f}s{err}", file=sys.stderr, flush=True)
+
+
+async def arun_eval(out: str | Path, cfg: EvalConfig, backend: Backend, tokenizer: Tokenizer, template=None,
+                    plot_png: bool = True) -> dict:
+    """Run (or resume) an evaluation into `out`; returns the summary written to out/summary.json."""
+    out = Path(out)
+    resolve_tasks(",".join(cfg.tasks))
+    _check_dir(out, cfg)
+    runner = Runner(cfg, backend, tokenizer, template)
+    path = out / "samples.jsonl"
+    _repair_tail(path)
+    done = {i for i, r in read_records(path).items() if not r.get("error")}
+    wanted = {f"{t}/{L}/{i}" for t in cfg.tasks for L in cfg.lengths for i in range(cfg.n)}
+    total = len(wanted - done)
+    samples = iter_samples(cfg.tasks, cfg.lengths, cfg.n, tokenizer, cfg.seed, skip=done.__contains__)
+    build_lock = asyncio.Lock()
+    t0 = time.perf_counter()
+
+    with open(path, "a", encoding="utf-8") as f, _Progress(total) as progress:
+        async def worker():
+            while True:
+                async with build_lock:  # builders keep caches: one build at a time, off the event loop
+                    s = await asyncio.to_thread(next, samples, None)
+                if s is None:
+                    return
+                rec = await runner.run(s)
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                f.flush()
+                progress.update(rec)
+
+        try:
+            await asyncio.gather(*(worker() for _ in range(max(1, cfg.concurrency))))
+        finally:
+            summary = write_summary(out, cfg, time.perf_counter() - t0)
+    if plot_png and summary["results"]:
+        try:
+            plot([out], out / "accuracy_vs_length.png")
+        except ImportError:
+            print("memagent: matplotlib is not installed; skipped the plot", file=sys.stderr)
+    return summary
+
+
+# ---- plot ---------------------------------------------------------------------------------------------
+
+def load_run(d: str | Path) -> tuple[dict, list[dict]]:
+    d = Path(d)
+    if not (d / "samples.jsonl").is_file():
+        raise ValueError(f"{d}: no samples.jsonl (not an eval directory)")
+    cfg = json.loads((d / "config.json").read_text())["config"] if (d / "config.json").is_file() else {}
+    return cfg, summarize(list(read_records(d / "samples.jsonl").values()))
+
+
+def plot(dirs: list[str | Path], png: str | Path, title: str | None = None) -> Path:
+    """Accuracy vs length (log x), one line per run (method / model), one panel per task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [load_run(d) for d in dirs]
+    task_names = sorted({r["task"] for _, rows in runs for r in rows})
+    if not task_names:
+        raise ValueError("nothing to plot: the directories hold no finished samples")
+    cols = min(3, len(task_names))
+    rows_n = (len(task_names) + cols - 1) // cols
+    fig, axes = plt.subplots(rows_n, cols, figsize=(5.5 * cols, 4 * rows_n), squeeze=False)
+    for ax, task in zip(axes.flat, task_names):
+        lengths = set()
+        for (cfg, rows), d in zip(runs, dirs):
+            pts = sorted((r["length"], r["accuracy"]) for r in rows if r["task"] == task)
+            if not pts:
+                continue
+            lengths.update(x for x, _ in pts)
+            label = cfg.get("method", "?")
+            if label == "memagent":
+                label += f" (chunk {cfg.get('chunk_tokens')}, memory {cfg.get('memory_tokens')})"
+            label += f" / {cfg.get('model') or cfg.get('backend', Path(d).name)}"
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=label)
+        metric = next((r["metric"] for _, rows in runs for r in rows if r["task"] == task), "")
+        ax.set_xscale("log")
+        ax.set_xticks(sorted(lengths), [format_length(x) for x in sorted(lengths)], rotation=45)
+        ax.minorticks_off()
+        ax.set_ylim(-2, 102)
+        ax.set_xlabel("document length (tokens)")
+        ax.set_ylabel(f"accuracy (% {metric})")
+        ax.set_title(task)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(task_names):]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    png = Path(png)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return png
+
+
+# ---- command line -------------------------------------------------------------------------------------
+
+def add_parser(subparsers) -> None:
+    """Register `memagent eval` (run / resume), `memagent eval plot` and `memagent eval tasks`."""
+    from .cli import add_backend_args
+
+    p = subparsers.add_parser(
+        "eval", help="accuracy vs document length (RULER-HotpotQA, RULER); resumable",
+        description="Run a benchmark into --out DIR (rerun the same command to resume). Also: "
+                    "`memagent eval plot DIR... -o fig.png`, `memagent eval tasks`.")
+    p.add_argument("--task", default="ruler-hotpotqa",
+                   help="task names or groups, comma separated (see `memagent eval tasks`)")
+    p.add_argument("--lengths", default="7k,14k,28k", help="document lengths in tokens, e.g. 7k,28k,1.75m")
+    p.add_argument("--n", type=int, default=128, help="samples per task and length (the same ones at every length)")
+    p.add_argument("--method", default="memagent", choices=["memagent", "direct"],
+                   help="memagent: read through the memory; direct: whole document in one prompt (middle cut)")
+    add_backend_args(p)
+    p.add_argument("--chunk-tokens", type=int, default=None)
+    p.add_argument("--memory-tokens", type=int, default=None)
+    p.add_argument("--template", default=None, help="built-in name (notes, memagent) or a .toml/.json file")
+    p.add_argument("--answer-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--context-window", type=int, default=None,
+                   help="direct: the model's window in tokens (embedded models: known)")
+    p.add_argument("--seed", type=int, default=42, help="data seed (and sampling seed)")
+    p.add_argument("--out", default=None, help="results folder (required to run)")
+    p.add_argument("--export", default=None, metavar="FILE",
+                   help="only build the samples and write them as JSONL (no model is run)")
+    p.add_argument("--no-plot", action="store_true", help="do not draw accuracy_vs_length.png")
+    sub = p.add_subparsers(dest="eval_command")
+    pl = sub.add_parser("plot", help="draw several eval folders on one accuracy-vs-length figure")
+    pl.add_argument("dirs", nargs="+", metavar="DIR")
+    pl.add_argument("-o", "--output", default="accuracy_vs_length.png")
+    pl.add_argument("--title", default=None)
+    sub.add_parser("tasks", help="list the tasks and their metrics")
+    p.set_defaults(func=main)
+
+
+def _list_tasks() -> int:
+    from .tasks import GROUPS
+
+    for name, spec in tasks().items():
+        print(f"{name:16} {spec.metric:18} {spec.description}")
+    for g, names in GROUPS.items():
+        print(f"group {g}: {','.join(names)}")
+    return 0
+
+
+def main(args) -> int:
+    from .tasks import export_jsonl, parse_lengths
+
+    if getattr(args, "eval_command", None) == "plot":
+        print(plot(args.dirs, args.output, args.title))
+        return 0
+    if getattr(args, "eval_command", None) == "tasks":
+        return _list_tasks()
+    names = resolve_tasks(args.task)
+    lengths = parse_lengths(args.lengths)
+    if args.n <= 0:
+        raise ValueError("--n must be positive")
+    from . import models
+    from .backends import resolve_tokenizer
+
+    if args.export:
+        tok = resolve_tokenizer(args.backend, args.model, args.tokenizer, warn=print)
+        n = export_jsonl(iter_samples(names, lengths, args.n, tok, args.seed), args.export)
+        print(f"wrote {n} samples to {args.export}", file=sys.stderr)
+        return 0
+    if not args.out:
+        raise ValueError("give --out DIR for the results (or --export FILE to only build samples)")
+    from .cli import backend_from_args, reading_defaults
+    from .prompts import load_template
+
+    if args.api_key is None:
+        args.api_key = os.environ.get("OPENAI_API_KEY")
+    spec = models.MODELS.get(args.model or models.DEFAULT_MODEL) if args.backend == "embedded" else None
+    chunk, memory, template = reading_defaults(args, spec)
+    tmpl = load_template(template)  # a bad template fails before any model loads
+    backend, tokenizer, spec = backend_from_args(args)
+    window = args.context_window or getattr(backend, "context_window", None) or (spec.context_window if spec else None)
+    if spec is not None:  # never more than the registry's tested window (the HF config may claim more)
+        window = min(window or spec.context_window, spec.context_window)
+    cfg = EvalConfig(tasks=names, lengths=lengths, n=args.n, method=args.method, seed=args.seed,
+                     backend=args.backend, model=args.model or (models.DEFAULT_MODEL if spec else None),
+                     tokenizer=getattr(tokenizer, "name", ""), chunk_tokens=chunk, memory_tokens=memory,
+                     template=template, answer_tokens=args.answer_tokens, temperature=args.temperature,
+                     concurrency=args.concurrency or (4 if args.backend == "embedded" else 16),
+                     context_window=window if args.method == "direct" else None)
+    if args.method == "memagent" and spec is not None:
+        from .cli import check_window
+        from .driver import MemoryAgent
+
+        check_window(MemoryAgent(backend, tokenizer, template=tmpl, chunk_tokens=chunk, memory_tokens=memory),
+                     spec, ["x" * 200])
+
+    async def go():
+        try:
+            return await arun_eval(args.out, cfg, backend, tokenizer, tmpl, plot_png=not args.no_plot)
+        finally:
+            await backend.aclose()
+
+    summary = asyncio.run(go())
+    for r in summary["results"]:
+        print(f"{r['task']:16} {r['length_label']:>6}  {r['metric']} {r['accuracy']:6.2f}  n={r['n']} "
+              f"failures={r['failures']}  {r['seconds_per_sample']}s/sample")
+    print(f"results: {Path(args.out) / 'summary.json'}", file=sys.stderr)
+    return 1 if summary["totals"]["failures"] else 0
