@@ -94,3 +94,39 @@ def test_eval_sigkill_then_resume(tmp_path, servers):
     summary = json.loads((out_dir / "summary.json").read_text())
     assert all(x.get("error") is None for x in rows)
     assert summary["totals"]["samples"] == 12 and summary["totals"]["failures"] == 0
+
+
+def test_server_killed_and_restarted_mid_run(tmp_path, servers):
+    """The server dies mid-document and comes back on the same port: retries carry the run through to
+    the same final memory and answer as an uninterrupted run."""
+    from servers import ServerProcess
+
+    server = servers("--backend", "instant", "--instant-delay", "0.05")
+    doc = tmp_path / "doc.txt"
+    doc.write_text("".join(f"Entry {i}: the ferry left on time. " for i in range(500)))
+    cmd, env = cli(*ask_args(doc, server, tmp_path / "ref.state"))
+    ref = json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=True).stdout)
+
+    state = tmp_path / "run.state"
+    cmd, env = cli(*ask_args(doc, server, state), "--max-retries", "10", "--timeout", "5")
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        time.sleep(0.05)
+        try:
+            if json.loads(state.read_text())["body"]["chunks_done"] >= 5:
+                break
+        except (FileNotFoundError, ValueError, KeyError):
+            pass
+    server.stop()  # SIGKILL the server mid-run
+    time.sleep(1.0)
+    again = ServerProcess("--backend", "instant", "--instant-delay", "0.05", port=server.port).start()
+    try:
+        out, err = p.communicate(timeout=120)
+    finally:
+        again.stop()
+        again.cleanup()
+    assert p.returncode == 0, err
+    got = json.loads(out)
+    for key in ("answer", "memory", "chunks", "doc_tokens"):
+        assert got[key] == ref[key], key
