@@ -46,7 +46,7 @@ MODELS: dict[str, ModelSpec] = {
         license="Apache-2.0",
         default_template="notes",
         chunk_tokens=512,
-        memory_tokens=128,
+        memory_tokens=64,
         context_window=8192,
     ),
     "qwen2.5-coder-1.5b": ModelSpec(
