@@ -8,6 +8,12 @@ Public API (importing it does not import torch; backends load their heavy depend
                         chunk_tokens=512, memory_tokens=128)
     print(agent.ask("book.txt", "Who wrote the letter?").answer)
 """
+import os as _os
+
+# Before anything imports torch: with OpenMP's default busy-waiting, two torch threads on a 2-core machine
+# shared with other work ran a decode step 5-15x slower than one thread (benchmarks/bench_embedded.py).
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from .backends import make_backend, resolve_tokenizer
 from .chunking import Chunk, DocumentError, iter_chunks, open_document
 from .driver import Answer, MemoryAgent

@@ -1,0 +1,151 @@
+"""Trajectory-level advantages, DAPO's group filter, and the expansion to training rows with weights.
+
+Order matters and is fixed here: rewards -> advantages per trajectory inside its group (G trajectories of
+one question) -> *then* expansion to rows, one row per conversation, each carrying its trajectory's
+advantage on every response token. Expanding first would let a document with more chunks count several
+times in the group mean (the mistake other ports made).
+
+Loss weights are also decided here, as one explicit per-token weight `w` per row, so that the loss is
+simply sum(w * per_token_loss) over every token of the *global* batch. The normaliser is a pair of
+settings:
+
+`loss_type` (how tokens are averaged)   x   `trajectory_weight` (what counts as one unit)
+  dapo:    mean over tokens                 tokens: all rows of the batch pooled (the original MemAgent/verl
+  grpo:    mean per conversation, then               token-mean: a trajectory with more chunks has more
+           mean over conversations                   tokens and weighs more)
+  dr_grpo: sum / (rows x cap), cap =        equal:  each trajectory has total weight 1/N_traj, spread
+           max completion length                     over its own tokens by the rule on the left
+
+With `trajectory_weight="equal"` (default): dapo gives a token of trajectory j the weight
+1/(N_traj * T_j) (T_j = its active tokens), grpo gives 1/(N_traj * C_j * n_i) (C_j its active
+conversations, n_i the conversation's tokens), dr_grpo gives 1/(N_traj * C_j * cap). With "tokens":
+dapo 1/N_tokens, grpo 1/(N_conv * n_i), dr_grpo 1/(N_conv * cap). Counts are over active (unmasked)
+units and are global across data-parallel ranks (the trainer all-reduces `weight_totals` first).
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from .rollout import Trajectory
+
+
+@dataclass
+class Row:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    sampler_logprobs: list[float] | None
+    advantage: float
+    trajectory: int  # index into the step's trajectory list (unique per rank; only used for grouping)
+    kind: str
+    finished: bool
+    active: bool = True  # False: contributes nothing (masked overlong turn, or empty response)
+    weight: float = 0.0  # per response token, filled by assign_weights
+
+    @property
+    def num_response(self) -> int:
+        return len(self.response_ids)
+
+
+def _std(xs: list[float]) -> float:
+    """Unbiased (n-1) standard deviation, as torch.std (what TRL divides by)."""
+    if len(xs) < 2:
+        return 0.0
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def group_advantages(rewards: list[float], groups: list[int], scale: str = "none",
+                     eps: float = 1e-4, batch_std: float | None = None) -> list[float]:
+    """A_i = R_i - mean(R of i's group), optionally divided by (std + eps).
+
+    scale="none" is the released MemAgent recipe (`grpo_use_adv=False`, also Dr. GRPO); "group" divides
+    by the group's std (GRPO/TRL default); "batch" by the std of all rewards in the batch (`batch_std`
+    lets a data-parallel trainer pass the global one)."""
+    by_group: dict[int, list[float]] = defaultdict(list)
+    for r, g in zip(rewards, groups):
+        by_group[g].append(r)
+    means = {g: sum(v) / len(v) for g, v in by_group.items()}
+    adv = [r - means[g] for r, g in zip(rewards, groups)]
+    if scale == "group":
+        stds = {g: _std(v) for g, v in by_group.items()}
+        adv = [a / (stds[g] + eps) for a, g in zip(adv, groups)]
+    elif scale == "batch":
+        s = _std(list(rewards)) if batch_std is None else batch_std
+        adv = [a / (s + eps) for a in adv]
+    elif scale != "none":
+        raise ValueError(f"scale_rewards must be none, group or batch, got {scale!r}")
+    return adv
+
+
+def filter_groups(trajs: list[Trajectory], tol: float = 1e-9) -> tuple[list[Trajectory], int]:
+    """DAPO dynamic sampling: drop every group whose rewards are all equal (it has zero advantage, so it
+    would only dilute the batch). Returns the kept trajectories and the number of dropped groups."""
+    by_group: dict[int, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_group[t.group].append(t)
+    kept, dropped = [], 0
+    for g, ts in by_group.items():
+        rs = [t.reward for t in ts]
+        if max(rs) - min(rs) > tol:
+            kept.extend(ts)
+        else:
+            dropped += 1
+    return kept, dropped
+
+
+def expand_to_rows(trajs: list[Trajectory], advantages: list[float],
+                   mask_truncated_completions: bool = True) -> list[Row]:
+    """One row per conversation; every row of trajectory j carries advantages[j]."""
+    rows = []
+    for j, (t, a) in enumerate(zip(trajs, advantages)):
+        for c in t.conversations:
+            active = len(c.response_ids) > 0 and not (mask_truncated_completions and not c.finished)
+            rows.append(Row(prompt_ids=c.prompt_ids, response_ids=c.response_ids, sampler_logprobs=c.logprobs,
+                            advantage=a, trajectory=j, kind=c.kind, finished=c.finished, active=active))
+    return rows
+
+
+def weight_totals(rows: list[Row]) -> dict[str, float]:
+    """Local counts that set the normaliser; a data-parallel trainer sums them over ranks."""
+    active = [r for r in rows if r.active]
+    return {"tokens": float(sum(r.num_response for r in active)), "conversations": float(len(active)),
+            "trajectories": float(len({r.trajectory for r in active}))}
+
+
+def assign_weights(rows: list[Row], loss_type: str, trajectory_weight: str, completion_cap: int,
+                   totals: dict[str, float] | None = None) -> None:
+    """Fill `row.weight` (the weight of each of its response tokens); see the module docstring."""
+    totals = totals or weight_totals(rows)
+    per_traj_tokens: dict[int, int] = defaultdict(int)
+    per_traj_convs: dict[int, int] = defaultdict(int)
+    for r in rows:
+        if r.active:
+            per_traj_tokens[r.trajectory] += r.num_response
+            per_traj_convs[r.trajectory] += 1
+    for r in rows:
+        if not r.active:
+            r.weight = 0.0
+            continue
+        if trajectory_weight == "tokens":
+            if loss_type == "dapo":
+                r.weight = 1.0 / totals["tokens"]
+            elif loss_type == "grpo":
+                r.weight = 1.0 / (totals["conversations"] * r.num_response)
+            elif loss_type == "dr_grpo":
+                r.weight = 1.0 / (totals["conversations"] * completion_cap)
+            else:
+                raise ValueError(f"unknown loss_type {loss_type!r}")
+        elif trajectory_weight == "equal":
+            n_traj = totals["trajectories"]
+            if loss_type == "dapo":
+                r.weight = 1.0 / (n_traj * per_traj_tokens[r.trajectory])
+            elif loss_type == "grpo":
+                r.weight = 1.0 / (n_traj * per_traj_convs[r.trajectory] * r.num_response)
+            elif loss_type == "dr_grpo":
+                r.weight = 1.0 / (n_traj * per_traj_convs[r.trajectory] * completion_cap)
+            else:
+                raise ValueError(f"unknown loss_type {loss_type!r}")
+        else:
+            raise ValueError(f"unknown trajectory_weight {trajectory_weight!r}")

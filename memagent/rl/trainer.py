@@ -1,0 +1,70 @@
+"""`memagent train --config FILE [--any-config-key VALUE ...]`: Multi-Conv DAPO from the command line.
+
+This module stays free of torch at import time (the CLI imports it to register the subcommand); the
+loop itself is memagent.rl.engine. Data parallel: `torchrun --nproc_per_node=N -m memagent train ...`
+(gloo on CPU, nccl on CUDA); every rank reads the same config.
+
+Outputs in `output_dir`: metrics.jsonl (one line per step), curves.png, checkpoint/ (exact resume: rerun
+the same command), final/ (the trained model or LoRA adapter, save_pretrained format).
+"""
+from __future__ import annotations
+
+import sys
+
+from .config import ConfigError, TrainConfig, add_config_flags, load_config, overrides_from_args
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train the memory agent with Multi-Conv DAPO (RL)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=None, help="TOML/YAML/JSON file with TrainConfig keys (flags override it)")
+    add_config_flags(p)
+    p.set_defaults(func=main)
+
+
+def run(config: TrainConfig, trainer_kwargs: dict | None = None) -> dict:
+    """Train for config.max_steps (resuming if a checkpoint exists); returns the last metrics record."""
+    import asyncio
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from . import dist
+    from .engine import Trainer
+
+    trainer = Trainer(config, **(trainer_kwargs or {}))
+    last: dict = {}
+    show = config.progress and trainer.rank == 0
+    try:
+        with Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                      TimeElapsedColumn(), TimeRemainingColumn(), disable=not show, transient=False) as bar:
+            task = bar.add_task("", total=config.max_steps, completed=trainer.step)
+            while trainer.step < config.max_steps:
+                last = trainer.train_step()
+                bar.update(task, completed=trainer.step,
+                           description=f"reward {last['reward']:.2f} kept {last['groups_kept']} "
+                                       f"loss {last.get('loss', float('nan')):.4f}")
+        trainer.save()
+        trainer.save_final()
+        trainer.plot()
+    finally:
+        asyncio.run(trainer.aclose())
+        dist.finish()
+    return last
+
+
+def main(args) -> int:
+    try:
+        config = load_config(getattr(args, "config", None), overrides_from_args(args))
+    except ConfigError as e:
+        print(f"memagent train: error: {e}", file=sys.stderr)
+        return 2
+    from .engine import TrainError
+
+    try:
+        last = run(config)
+    except (TrainError, ConfigError, FileNotFoundError) as e:
+        print(f"memagent train: error: {e}", file=sys.stderr)
+        return 1
+    if last:
+        print(f"memagent train: step {last['step']} reward {last['reward']:.3f} -> {config.output_dir}")
+    return 0
