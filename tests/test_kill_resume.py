@@ -130,3 +130,60 @@ def test_server_killed_and_restarted_mid_run(tmp_path, servers):
     got = json.loads(out)
     for key in ("answer", "memory", "chunks", "doc_tokens"):
         assert got[key] == ref[key], key
+
+
+def test_train_sigkill_then_resume(tmp_path):
+    """`memagent train` SIGKILLed between checkpoints resumes to the same weights as an uninterrupted run."""
+    import torch
+    from safetensors.torch import load_file
+
+    from memagent.rl.tiny import build_model, build_tokenizer
+
+    folder = tmp_path / "model"
+    build_tokenizer(folder)
+    build_model(seed=0).save_pretrained(str(folder))
+    template = tmp_path / "tiny.toml"
+    template.write_text('update = "{question}|{memory}|{chunk}>"\nfinal = "{question}|{memory}>"\nempty_memory = "-"\n')
+
+    def config(out):
+        cfg = tmp_path / f"{out}.toml"
+        cfg.write_text(f'model = "{folder}"\ntask = "charkv"\nnum_chunks = 2\ntemplate = "{template}"\n'
+                       f'memory_tokens = 3\nanswer_tokens = 2\nquestions_per_step = 2\nnum_generations = 4\n'
+                       f'beta = 0.0\nwarmup_steps = 0\nlearning_rate = 1e-3\ndevice = "cpu"\ntorch_threads = 1\n'
+                       f'save_steps = 1\nmax_steps = 5\nprogress = false\noutput_dir = "{tmp_path / out}"\n')
+        return cli("train", "--config", str(cfg))
+
+    cmd, env = config("straight")
+    subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True)
+
+    cmd, env = config("killed")
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = tmp_path / "killed" / "checkpoint" / "trainer_state.json"
+    deadline = time.time() + 240
+    while time.time() < deadline and p.poll() is None:
+        time.sleep(0.02)
+        try:
+            if json.loads(state.read_text())["step"] >= 2:
+                break
+        except (FileNotFoundError, ValueError, KeyError):
+            pass
+    assert p.poll() is None, "training finished before it could be killed"
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+    killed_at = json.loads(state.read_text())["step"]
+    assert 2 <= killed_at < 5
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "resumed from" in r.stderr, r.stderr
+
+    def weights(out):
+        files = sorted((tmp_path / out / "final").glob("*.safetensors"))
+        assert files
+        merged = {}
+        for f in files:
+            merged.update(load_file(str(f)))
+        return merged
+
+    a, b = weights("straight"), weights("killed")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
