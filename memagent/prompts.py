@@ -135,20 +135,14 @@ _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 def extract_boxed(reply: str) -> str | None:
     """Content of the last \\boxed{...} (braces balanced), or None when there is none."""
     starts = [m.end() for m in _BOX.finditer(reply)]
-    for start in reversed(starts):
-        depth, i = 1, start
-        while i < len(reply):
-            c = reply[i]
-            if c == "{":
-                depth += 1
-            elif c == "}":
-                depth -= 1
-                if depth == 0:
-                    return reply[start:i].strip()
-            i += 1
-        # unbalanced: the reply was cut off inside the box; take what is there
-        return reply[start:].strip()
-    return None
+    if not starts:
+        return None
+    start, depth = starts[-1], 1
+    for i in range(start, len(reply)):
+        depth += {"{": 1, "}": -1}.get(reply[i], 0)
+        if depth == 0:
+            return reply[start:i].strip()
+    return reply[start:].strip()  # unbalanced: the reply was cut off inside the box; take what is there
 
 
 def extract_answer(reply: str) -> str:
