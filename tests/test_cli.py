@@ -115,3 +115,13 @@ def test_invalid_utf8_warns(tmp_path):
     p.write_bytes("caf\xe9 ".encode("latin-1") * 300)
     r = run("ask", str(p), "Q?", "--backend", "instant", "--chunk-tokens", "100", "--json")
     assert r.returncode == 0 and "invalid UTF-8" in r.stderr
+
+
+def test_huge_single_line(tmp_path):
+    """One 8 MB line (no newline anywhere) streams like any other document."""
+    p = tmp_path / "line.txt"
+    p.write_text("token" * 1_600_000)
+    r = run("ask", str(p), "Q?", "--backend", "instant", "--chunk-tokens", "5000", "--json")
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout)
+    assert row["chunks"] == -(-row["doc_tokens"] // 5000) and row["doc_tokens"] > 1_000_000
