@@ -4,7 +4,7 @@ What it measures (each job is one `memagent eval` run, resumable; sizes aim at u
 this 2-core CPU when nothing else runs; a smoke of one 7K sample took 514 s memagent / 102 s direct with
 the CPU shared by 6 other processes, ~3x less alone):
 - RULER-HotpotQA at 7K, 14K, 28K (n=6), SmolLM2-135M with its measured defaults (chunk 512, memory
-  128). 7K fits SmolLM2's 8K window, so `direct` sees everything there and only a middle-truncated
+  64). 7K fits SmolLM2's 8K window, so `direct` sees everything there and only a middle-truncated
   document beyond; memagent reads everything at every length.
 - RULER niah_single_1 and niah_multikey_1 at 8K..128K (n=2), memagent with 2048-token chunks (512 would
   need 256 sequential updates per 128K sample, hours on this CPU), and direct.
