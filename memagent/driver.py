@@ -79,7 +79,7 @@ class MemoryAgent:
     """Reads documents through a capped, overwritten memory and answers questions about them.
 
     >>> agent = MemoryAgent(backend, tokenizer, template="notes", chunk_tokens=512, memory_tokens=128)
-    >>> agent.ask("book.txt", "Who wrote the letter?").answer
+    >>> agent.ask(Path("book.txt"), "Who wrote the letter?").answer
     """
 
     def __init__(self, backend: Backend, tokenizer: Tokenizer, template: Template | str = "memagent",

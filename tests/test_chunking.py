@@ -13,7 +13,8 @@ def roundtrip(text, tok, n):
     chunks = list(iter_chunks(text, tok, n))
     assert "".join(c.text for c in chunks) == text
     assert all(c.n_tokens == n for c in chunks[:-1])
-    assert 0 < chunks[-1].n_tokens <= n
+    # the last chunk is non-empty in tokens, unless its text is something the tokenizer drops (e.g. '\x1d')
+    assert 0 < chunks[-1].n_tokens <= n or (chunks[-1].n_tokens == 0 and not tok.encode(chunks[-1].text))
     assert [c.index for c in chunks] == list(range(len(chunks)))
     assert sum(c.n_tokens for c in chunks) == len(tok.encode(text))
     return chunks
@@ -64,7 +65,7 @@ def test_roundtrip_property_real(smol_tokenizer, text, n):
 def test_file_and_stdin_stream(tmp_path, smol_tokenizer, essays):
     p = tmp_path / "doc.txt"
     p.write_text(essays[:50_000], encoding="utf-8")
-    a = [c.text for c in iter_chunks(str(p), smol_tokenizer, 500)]
+    a = [c.text for c in iter_chunks(p, smol_tokenizer, 500)]
     b = [c.text for c in iter_chunks(io.BytesIO(essays[:50_000].encode()), smol_tokenizer, 500)]
     assert a == b and "".join(a) == essays[:50_000]
 
@@ -77,16 +78,16 @@ def test_bad_documents(tmp_path):
         open_document(tmp_path)
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(DocumentError, match="empty"):
-        list(iter_chunks(str(tmp_path / "empty.txt"), tok, 10))
+        list(iter_chunks(tmp_path / "empty.txt", tok, 10))
     (tmp_path / "bin").write_bytes(b"\x7fELF\x00\x00\x01" * 100)
     with pytest.raises(DocumentError, match="binary"):
-        list(iter_chunks(str(tmp_path / "bin"), tok, 10))
+        list(iter_chunks(tmp_path / "bin", tok, 10))
 
 
 def test_invalid_utf8_replaced_and_counted(tmp_path):
     p = tmp_path / "latin1.txt"
     p.write_bytes("caf\xe9 cr\xe8me ".encode("latin-1") * 3)
-    doc = open_document(str(p))
+    doc = open_document(p)
     text = "".join(c.text for c in iter_chunks(doc, ByteTokenizer(), 5))
     assert text.count("\ufffd") == 6 and doc.invalid_utf8 == 6
 

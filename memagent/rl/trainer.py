@@ -22,27 +22,36 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=main)
 
 
+def train_steps(trainer, show: bool = True, on_step=None) -> dict:
+    """Step `trainer` up to its config's max_steps under a progress bar; `on_step(record)` sees every
+    step's metrics. Shared by `memagent train` and benchmarks/train_demo.py. Returns the last record."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    last: dict = {}
+    with Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), disable=not show, transient=False) as bar:
+        task = bar.add_task("", total=trainer.config.max_steps, completed=trainer.step)
+        while trainer.step < trainer.config.max_steps:
+            last = trainer.train_step()
+            bar.update(task, completed=trainer.step,
+                       description=f"reward {last['reward']:.2f} kept {last['groups_kept']} "
+                                   f"loss {last.get('loss', float('nan')):.4f}")
+            if on_step:
+                on_step(last)
+    return last
+
+
 def run(config: TrainConfig, trainer_kwargs: dict | None = None) -> dict:
     """Train for config.max_steps (resuming if a checkpoint exists); returns the last metrics record."""
     import asyncio
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from . import dist
     from .engine import Trainer
 
     trainer = Trainer(config, **(trainer_kwargs or {}))
     last: dict = {}
-    show = config.progress and trainer.rank == 0
     try:
-        with Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                      TimeElapsedColumn(), TimeRemainingColumn(), disable=not show, transient=False) as bar:
-            task = bar.add_task("", total=config.max_steps, completed=trainer.step)
-            while trainer.step < config.max_steps:
-                last = trainer.train_step()
-                bar.update(task, completed=trainer.step,
-                           description=f"reward {last['reward']:.2f} kept {last['groups_kept']} "
-                                       f"loss {last.get('loss', float('nan')):.4f}")
+        last = train_steps(trainer, show=config.progress and trainer.rank == 0)
         trainer.save()
         trainer.save_final()
         trainer.plot()
