@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--only", default=None, help="comma-separated subset of: " + ", ".join(BENCHMARKS))
     ap.add_argument("--memory-mb", type=float, default=None, help="size of the big memory document")
-    ap.add_argument("--fast-tokenizer", action="store_true", help="linear/overhead/memory with memagent.fasttok")
+    ap.add_argument("--fast-tokenizer", action="store_true", help="linear/memory with memagent.fasttok (overhead uses it by default)")
     args = ap.parse_args(argv)
     names = args.only.split(",") if args.only else list(BENCHMARKS)
     rows, failed = [], []
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
             if args.fast_tokenizer:
                 cmd += ["--tokenizer", "fast"]
                 stem += "_fasttok"
-        elif name in ("linear", "overhead") and args.fast_tokenizer:
+        elif name == "linear" and args.fast_tokenizer:  # overhead uses memagent.fasttok by default
             cmd.append("--fast-tokenizer")
             stem += "_fasttok"
         print(f"$ {' '.join(cmd)}", flush=True)

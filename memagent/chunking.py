@@ -129,11 +129,16 @@ class _NoClose:
 
 
 def _pieces(blocks: Iterable[str], tokenizer: Tokenizer) -> Iterator[str]:
-    """Re-cut arbitrary blocks at tokenizer-safe positions."""
+    """Re-cut arbitrary blocks at tokenizer-safe positions (the last block needs no cut: it is looked
+    ahead for, so a short document is one piece and costs no `safe_cut`)."""
     carry = ""
-    for block in blocks:
+    blocks = iter(blocks)
+    block = next(blocks, None)
+    while block is not None:
+        following = next(blocks, None)
         text = carry + block
-        if len(text) < 2 * SAFE_MARGIN + 64:
+        block = following
+        if following is None or len(text) < 2 * SAFE_MARGIN + 64:
             carry = text
             continue
         cut = tokenizer.safe_cut(text, len(text) - SAFE_MARGIN)
@@ -146,23 +151,31 @@ def _pieces(blocks: Iterable[str], tokenizer: Tokenizer) -> Iterator[str]:
         yield carry
 
 
-def _encoded(pieces: Iterable[str], tokenizer: Tokenizer) -> Iterator[tuple[str, list[int]]]:
-    """(piece, token start offsets) per piece; batches pieces when the tokenizer can."""
-    batch_fn = getattr(tokenizer, "encode_batch_offsets", None)
+def _encoded(pieces: Iterable[str], tokenizer: Tokenizer) -> Iterator[tuple[str, "np.ndarray"]]:
+    """(piece, token start offsets as an int64 array) per piece; batches pieces when the tokenizer can.
+
+    Arrays, not lists: the chunker only needs where every chunk_tokens-th token starts, and shifting
+    and slicing offsets in numpy costs nothing per token (a 3.5M-token document has 3.5M of them).
+    """
+    import numpy as np
+
+    batch_fn = getattr(tokenizer, "encode_batch_starts", None)
+    if batch_fn is None and hasattr(tokenizer, "encode_batch_offsets"):
+        batch_fn = lambda texts: [starts for _, starts in tokenizer.encode_batch_offsets(texts)]  # noqa: E731
     if batch_fn is None:
         for p in pieces:
-            yield p, tokenizer.encode_offsets(p)[1]
+            yield p, np.asarray(tokenizer.encode_offsets(p)[1], dtype=np.int64)
         return
     batch: list[str] = []
     for p in pieces:
         batch.append(p)
         if len(batch) == PIECES_PER_BATCH:
-            for piece, (_, starts) in zip(batch, batch_fn(batch)):
-                yield piece, starts
+            for piece, starts in zip(batch, batch_fn(batch)):
+                yield piece, np.asarray(starts, dtype=np.int64)
             batch = []
     if batch:
-        for piece, (_, starts) in zip(batch, batch_fn(batch)):
-            yield piece, starts
+        for piece, starts in zip(batch, batch_fn(batch)):
+            yield piece, np.asarray(starts, dtype=np.int64)
 
 
 def iter_chunks(doc, tokenizer: Tokenizer, chunk_tokens: int) -> Iterator[Chunk]:
@@ -170,24 +183,25 @@ def iter_chunks(doc, tokenizer: Tokenizer, chunk_tokens: int) -> Iterator[Chunk]
     if chunk_tokens <= 0:
         raise ValueError(f"chunk size must be a positive number of tokens, got {chunk_tokens}")
     document = open_document(doc)
+    import numpy as np
+
     pending = ""  # text from the current chunk's first character to the end of the last encoded piece
-    starts: list[int] = []  # token starts inside `pending`; starts[0] is the current chunk's first token
+    starts = np.zeros(0, dtype=np.int64)  # token starts inside `pending`; starts[0]: the current chunk's first
     pending_char0 = 0  # document offset of pending[0]
     index = 0
     for piece, piece_starts in _encoded(_pieces(document.blocks(), tokenizer), tokenizer):
-        base = len(pending)
+        starts = np.concatenate((starts, piece_starts + len(pending)))
         pending += piece
-        starts.extend(base + s for s in piece_starts)
         head = 0
-        while len(starts) - head > chunk_tokens:
-            b = starts[head + chunk_tokens]
-            a = starts[head] if head else 0  # the first chunk also owns any text before its first token
+        cuts = starts[chunk_tokens::chunk_tokens].tolist()  # first token of every following chunk
+        for b in cuts:
+            a = int(starts[head]) if head else 0  # the first chunk also owns any text before its first token
             yield Chunk(index, pending[a:b], chunk_tokens, pending_char0 + a)
             index += 1
             head += chunk_tokens
         if head:  # drop what was emitted: memory stays bounded by one chunk plus one batch of pieces
-            a = starts[head]
+            a = int(starts[head])
             pending, pending_char0 = pending[a:], pending_char0 + a
-            starts = [s - a for s in starts[head:]]
-    if starts or pending:
+            starts = starts[head:] - a
+    if len(starts) or pending:
         yield Chunk(index, pending, len(starts), pending_char0)

@@ -43,6 +43,26 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-retries", type=int, default=None, help="openai: retries on 5xx/429/timeouts (default 5)")
 
 
+def add_gate_args(p: argparse.ArgumentParser) -> None:
+    """The call-saving gates shared by ask / eval (memagent/gates.py); both off by default."""
+    from .gates import EXIT_MODES, SKIP_MODES
+
+    p.add_argument("--skip-update", default="off", choices=SKIP_MODES,
+                   help="lexical: no update call for a chunk that mentions none of the question's key terms "
+                        "(names, numbers; or content words) nor a name the memory picked up; the memory is kept. "
+                        "Fewer calls; can miss evidence phrased without those terms. Off by default")
+    p.add_argument("--early-exit", default="off", choices=EXIT_MODES,
+                   help="marker: the model may end its memory with the template's exit marker once it holds "
+                        "the answer; reading stops there and the answer is asked at once. Off by default")
+
+
+def check_gates(args, template) -> None:
+    """Refuse a gate the template cannot serve before any model loads."""
+    if getattr(args, "early_exit", "off") == "marker" and template.update_exit is None:
+        raise ValueError(f"--early-exit marker needs a template with update_exit and exit_marker; "
+                         f"{template.name!r} has none")
+
+
 def backend_from_args(args):
     """(backend, tokenizer, model spec or None) from parsed args."""
     from . import models
@@ -84,7 +104,8 @@ def check_window(agent, spec, questions: list[str]) -> None:
     if spec is None:
         return
     t = agent.template
-    fixed = len(agent.tokenizer.encode(t.update)) + 32  # chat wrapper
+    update = t.update_exit if agent.reader.config.early_exit == "marker" else t.update
+    fixed = len(agent.tokenizer.encode(update)) + 32  # chat wrapper
     q = max(len(agent.tokenizer.encode(x)) for x in questions)
     need = fixed + q + agent.chunk_tokens + 2 * agent.reader.config.memory_tokens
     if need > spec.context_window:
@@ -123,10 +144,12 @@ def cmd_ask(args) -> int:
     spec = models.MODELS.get(args.model or models.DEFAULT_MODEL) if args.backend == "embedded" else None
     chunk, memory, template = reading_defaults(args, spec)
     template = load_template(template)  # bad template or document: fail before loading any model
+    check_gates(args, template)
     document = open_document(args.doc if args.doc == "-" else Path(args.doc))
     backend, tokenizer, spec = backend_from_args(args)
     agent = MemoryAgent(backend, tokenizer, template=template, chunk_tokens=chunk, memory_tokens=memory,
-                        answer_tokens=args.answer_tokens, temperature=args.temperature, seed=args.seed)
+                        answer_tokens=args.answer_tokens, temperature=args.temperature, seed=args.seed,
+                        skip_update=args.skip_update, early_exit=args.early_exit)
     check_window(agent, spec, questions)
     bar, task = _progress(document.size)
     n = {"chunks": 0}
@@ -157,7 +180,9 @@ def cmd_ask(args) -> int:
             print(f"Q: {a.question}\nA: {a.answer if a.answer is not None else '(no answer: ' + str(a.error) + ')'}")
     if not args.json:
         a = answers[0]
-        print(f"({a.chunks} chunks, {a.doc_tokens} tokens, {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+        gates = (f", {a.skipped_chunks} skipped" if a.skipped_chunks else "") + \
+            (f", stopped after chunk {a.exit_chunk + 1}" if a.exit_chunk is not None else "")
+        print(f"({a.chunks} chunks{gates}, {a.doc_tokens} tokens, {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -181,7 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memagent", description="Read documents of any length through a small memory.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    a = sub.add_parser("ask", help="answer questions about a document (DOC may be '-' for stdin)")
+    a = sub.add_parser("ask", help="answer questions about a document (DOC may be '-' for stdin)",
+                       epilog="Fewer calls: --skip-update lexical skips chunks without the question's key terms, "
+                              "--early-exit marker stops once the model marks its memory as answering; both off "
+                              "by default (measured: benchmarks/bench_gates.py, README 'Performance').")
     a.add_argument("doc")
     a.add_argument("questions", nargs="+", metavar="QUESTION")
     add_backend_args(a)
@@ -194,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--trace", default=None, help="append one JSON line per model call to this file")
     a.add_argument("--state", default=None, help="save memory after every chunk here; rerun to resume")
     a.add_argument("--json", action="store_true", help="one JSON object per question on stdout")
+    add_gate_args(a)
     a.set_defaults(func=cmd_ask)
 
     m = sub.add_parser("models", help="list the embedded models")

@@ -6,6 +6,11 @@ together), writes the trace and the resumable state, and collects answers. Sever
 concurrent tasks under one bound, which is what keeps a continuous-batching server busy.
 
 A question whose call fails is recorded with its error and stops; the other questions go on.
+
+With the gates on (memagent/gates.py), a question whose skip gate rejects a chunk passes it without a
+call (traced as a `skip` step, counted in `skipped_chunks`), and a question that exits stops taking
+chunks; once every question still running has exited, the document is not read any further (so
+`doc_tokens` then counts the tokens read up to the exit, not the whole document).
 """
 from __future__ import annotations
 
@@ -39,6 +44,8 @@ class Answer:
     capped_updates: int = 0
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
+    skipped_chunks: int = 0  # chunks passed without a call (skip gate)
+    exit_chunk: int | None = None  # 0-based chunk after which reading stopped (exit gate); None: read to the end
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -75,6 +82,47 @@ class Trace:
 ProgressHook = Callable[[Chunk, int], None]  # (chunk just finished, bytes of the document read so far)
 
 
+async def _all(coros: list) -> None:
+    """await every coroutine; one (the common single question) is awaited directly, without a Task."""
+    if len(coros) == 1:
+        await coros[0]
+    elif coros:
+        await asyncio.gather(*coros)
+
+
+class _Prefetch:
+    """A document's chunks, tokenized in a worker thread so the event loop keeps serving other reads.
+
+    Why in batches: a thread hop costs ~0.1 ms of futures, locks and wake-ups, about what a short
+    chunk's HTTP call costs in Python; with 256 documents in flight one hop per chunk was a third of our
+    overhead (benchmarks/bench_overhead.py). So each hop takes chunks until ~PREFETCH_TOKENS tokens or
+    the document's end: a short document is one hop, a long one holds at most that much text ahead.
+    A tokenizer whose work holds the GIL anyway (memagent.fasttok: `tokenize_in_thread = False`) runs
+    inline: a thread would only add the hand-off latency (up to the 5 ms switch interval per hop).
+    """
+
+    PREFETCH_TOKENS = 32_768
+
+    def __init__(self, chunks, chunk_tokens: int, in_thread: bool = True):
+        self._chunks, self._ready = chunks, []
+        self._per_hop = max(1, self.PREFETCH_TOKENS // max(1, chunk_tokens))
+        self._done, self._in_thread = False, in_thread
+
+    def _take(self) -> list[Chunk]:
+        out = []
+        for c in self._chunks:
+            out.append(c)
+            if len(out) >= self._per_hop:
+                break
+        return out[::-1]  # popped from the end
+
+    async def next(self) -> Chunk | None:
+        if not self._ready and not self._done:
+            self._ready = await asyncio.to_thread(self._take) if self._in_thread else self._take()
+            self._done = not self._ready
+        return self._ready.pop() if self._ready else None
+
+
 class MemoryAgent:
     """Reads documents through a capped, overwritten memory and answers questions about them.
 
@@ -85,13 +133,14 @@ class MemoryAgent:
     def __init__(self, backend: Backend, tokenizer: Tokenizer, template: Template | str = "memagent",
                  chunk_tokens: int = 5000, memory_tokens: int = 1024, answer_tokens: int = 256,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 reader_config: ReaderConfig | None = None):
+                 reader_config: ReaderConfig | None = None, skip_update: str = "off", early_exit: str = "off"):
         if chunk_tokens <= 0:
             raise ValueError(f"chunk size must be a positive number of tokens, got {chunk_tokens}")
         self.backend, self.tokenizer, self.chunk_tokens = backend, tokenizer, chunk_tokens
         self.template = load_template(template) if isinstance(template, str) else template
         cfg = reader_config or ReaderConfig(memory_tokens=memory_tokens, answer_tokens=answer_tokens,
-                                            temperature=temperature, top_p=top_p, seed=seed)
+                                            temperature=temperature, top_p=top_p, seed=seed,
+                                            skip_update=skip_update, early_exit=early_exit)
         self.reader = Reader(self.template, tokenizer, cfg)
 
     # ---- public API -------------------------------------------------------------------------------
@@ -115,9 +164,12 @@ class MemoryAgent:
         return await asyncio.gather(*(one(d, qs) for d, qs in items))
 
     def settings(self) -> dict:
-        return {"chunk_tokens": self.chunk_tokens, "memory_tokens": self.reader.config.memory_tokens,
-                "template": self.template.digest, "tokenizer": self.tokenizer.name,
-                "backend": getattr(self.backend, "name", type(self.backend).__name__)}
+        out = {"chunk_tokens": self.chunk_tokens, "memory_tokens": self.reader.config.memory_tokens,
+               "template": self.template.digest, "tokenizer": self.tokenizer.name,
+               "backend": getattr(self.backend, "name", type(self.backend).__name__)}
+        if self.reader.gates_id:  # only when on, so state files written before the gates still resume
+            out["gates"] = self.reader.gates_id
+        return out
 
     async def aread(self, doc, questions: list[str], *, trace: str | Path | None = None,
                     state: str | Path | None = None, progress: ProgressHook | None = None) -> list[Answer]:
@@ -128,11 +180,11 @@ class MemoryAgent:
         if not qs:
             raise ValueError("no question given")
         store = StateFile(state) if state else None
-        skip, doc_tokens, done_answers = 0, 0, None
+        resume, doc_tokens, done_answers = 0, 0, None
         if store:
             saved = store.load(document.name, questions, self.settings())
             if saved:
-                skip, doc_tokens, done_answers = saved["chunks_done"], saved["doc_tokens"], saved.get("answers")
+                resume, doc_tokens, done_answers = saved["chunks_done"], saved["doc_tokens"], saved.get("answers")
                 for q, s in zip(qs, saved["states"]):
                     q.state = ReadState(**s["state"])
                     q.calls, q.prompt_tokens, q.completion_tokens = s["calls"], s["prompt_tokens"], s["completion_tokens"]
@@ -141,25 +193,41 @@ class MemoryAgent:
             return [Answer(**a) for a in done_answers]
         tracer = Trace(trace)
         try:
-            chunks = iter_chunks(document, self.tokenizer, self.chunk_tokens)
-            n_chunks = 0
+            chunks = _Prefetch(iter_chunks(document, self.tokenizer, self.chunk_tokens), self.chunk_tokens,
+                               getattr(self.tokenizer, "tokenize_in_thread", True))
+            # The skip gate looks at a chunk's neighbours' edges, so it reads one chunk ahead; without it
+            # a chunk is tokenized only when its turn comes.
+            ahead = self.reader.config.skip_update != "off"
+            n_chunks, previous = 0, None
+            following = await chunks.next() if ahead else None
             while True:
-                chunk = await asyncio.to_thread(next, chunks, None)  # tokenizing overlaps model calls
+                if ahead:
+                    chunk = following
+                    following = await chunks.next() if chunk is not None else None
+                else:
+                    chunk = await chunks.next()
                 if chunk is None:
                     break
-                n_chunks += 1
-                if chunk.index < skip:
-                    if chunk.index == skip - 1 and store and store.last_digest not in (None, chunk.digest):
+                if chunk.index < resume:
+                    n_chunks += 1
+                    previous = chunk
+                    if chunk.index == resume - 1 and store and store.last_digest not in (None, chunk.digest):
                         raise ValueError(f"state file {store.path} was written for a different document text")
                     continue
+                live = [q for q in qs if not q.error and not q.state.exited]
+                if not live and any(q.state.exited for q in qs):
+                    break  # every question still running has exited: the rest of the document is not read
+                n_chunks += 1
                 doc_tokens += chunk.n_tokens
-                await asyncio.gather(*(self._update(q, i, chunk, tracer) for i, q in enumerate(qs) if not q.error))
+                near = (previous.text if previous else None, following.text if following else None)
+                await _all([self._update(q, i, chunk, tracer, near) for i, q in enumerate(qs) if not q.error])
+                previous = chunk
                 if store:
                     store.save(document.name, questions, self.settings(), chunk.index + 1, doc_tokens,
                                chunk.digest, [self._dump(q) for q in qs])
                 if progress:
                     progress(chunk, document.bytes_read)
-            await asyncio.gather(*(self._final(q, i, tracer) for i, q in enumerate(qs) if not q.error))
+            await _all([self._final(q, i, tracer) for i, q in enumerate(qs) if not q.error])
         finally:
             tracer.close()
         answers = [self._answer(q, doc_tokens, time.perf_counter() - t0) for q in qs]
@@ -189,7 +257,13 @@ class MemoryAgent:
         q.completion_tokens += gen.completion_tokens
         return gen
 
-    async def _update(self, q: _Q, qi: int, chunk: Chunk, tracer: Trace):
+    async def _update(self, q: _Q, qi: int, chunk: Chunk, tracer: Trace, near: tuple = (None, None)):
+        if q.state.exited:
+            return
+        if not self.reader.needs_update(q.state, chunk.text, *near):
+            q.state = self.reader.skip(q.state)
+            tracer.write(step="skip", question=qi, chunk=chunk.index, chunk_tokens=chunk.n_tokens)
+            return
         t = time.perf_counter()
         gen = await self._call(q, self.reader.update_request(q.state, chunk.text))
         if gen is None:
@@ -197,10 +271,11 @@ class MemoryAgent:
             return
         q.state = self.reader.apply_update(q.state, gen)
         self._check_tokenizer(chunk, gen)
+        extra = {"exit": True} if q.state.exit_chunk == chunk.index else {}
         tracer.write(step="update", question=qi, chunk=chunk.index, chunk_tokens=chunk.n_tokens,
                      prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens,
                      finish_reason=gen.finish_reason, memory=q.state.memory,
-                     seconds=round(time.perf_counter() - t, 4))
+                     seconds=round(time.perf_counter() - t, 4), **extra)
 
     async def _final(self, q: _Q, qi: int, tracer: Trace):
         t = time.perf_counter()
@@ -238,4 +313,5 @@ class MemoryAgent:
         s = q.state
         return Answer(question=s.question, answer=s.answer, reply=s.reply, memory=s.memory, chunks=s.chunks_read,
                       doc_tokens=doc_tokens, seconds=round(seconds, 3), calls=q.calls, prompt_tokens=q.prompt_tokens,
-                      completion_tokens=q.completion_tokens, capped_updates=s.capped_updates, error=q.error)
+                      completion_tokens=q.completion_tokens, capped_updates=s.capped_updates, error=q.error,
+                      skipped_chunks=s.skipped, exit_chunk=s.exit_chunk)

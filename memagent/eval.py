@@ -34,6 +34,8 @@ DIRECT_PROMPT = ("Read the document below, then answer the question. Put the fin
                  "Give the final answer inside \\boxed{{}}.")
 OMITTED = "\n[... middle of the document omitted ...]\n"
 CHAT_OVERHEAD = 64  # tokens a chat template adds around one user message (system line, role markers)
+# Tasks that count over the whole document: a skipped chunk is a miscount (see memagent/gates.py)
+AGGREGATE_TASKS = frozenset({"cwe", "fwe"})
 REPLY_CHARS = 2000  # replies and memories are kept in samples.jsonl up to this many characters
 # Settings that must match for a DIR to be resumed (tasks, lengths and N may grow between runs).
 IDENTITY = ("method", "backend", "model", "tokenizer", "chunk_tokens", "memory_tokens", "template",
@@ -57,6 +59,8 @@ class EvalConfig:
     temperature: float = 0.0
     concurrency: int = 4
     context_window: int | None = None  # direct: the model's window
+    skip_update: str = "off"  # memagent: the gates of memagent/gates.py
+    early_exit: str = "off"
 
     def identity(self) -> dict:
         d = asdict(self)
@@ -65,6 +69,8 @@ class EvalConfig:
             keep.update(chunk_tokens=None, memory_tokens=None, template=None)
         else:
             keep["context_window"] = None
+            # the gates join the identity only when on, so folders written before they existed still resume
+            keep.update({k: d[k] for k in ("skip_update", "early_exit") if d[k] != "off"})
         return keep
 
 
@@ -120,6 +126,8 @@ def summarize(records: list[dict]) -> list[dict]:
             "completion_tokens": sum(r["completion_tokens"] for r in rs),
             "seconds": round(sum(r["seconds"] for r in rs), 1),
             "seconds_per_sample": round(sum(r["seconds"] for r in ok) / max(1, len(ok)), 2),
+            "skipped_chunks": sum(r.get("skipped_chunks", 0) for r in rs),
+            "exits": sum(r.get("exit_chunk") is not None for r in rs),
         })
     return rows
 
@@ -186,7 +194,8 @@ class Runner:
 
             self.agent = MemoryAgent(backend, tokenizer, template=template or cfg.template,
                                      chunk_tokens=cfg.chunk_tokens, memory_tokens=cfg.memory_tokens,
-                                     answer_tokens=cfg.answer_tokens, temperature=cfg.temperature, seed=cfg.seed)
+                                     answer_tokens=cfg.answer_tokens, temperature=cfg.temperature, seed=cfg.seed,
+                                     skip_update=cfg.skip_update, early_exit=cfg.early_exit)
         elif cfg.method == "direct":
             if not cfg.context_window:
                 raise ValueError("--method direct needs the model's window: pass --context-window N")
@@ -205,9 +214,13 @@ class Runner:
             if self.agent is not None:
                 a = (await self.agent.aread(io.StringIO(s.document), [s.question]))[0]
                 reply, rec["error"] = a.reply, a.error
-                rec.update(doc_tokens=a.doc_tokens or s.doc_tokens, chunks=a.chunks, calls=a.calls,
+                # after an exit the reader stopped early: doc_tokens stays the document's size (the builder's
+                # count), read_tokens says how much of it was read
+                rec.update(doc_tokens=(s.doc_tokens if a.exit_chunk is not None else a.doc_tokens) or s.doc_tokens,
+                           read_tokens=a.doc_tokens, chunks=a.chunks, calls=a.calls,
                            prompt_tokens=a.prompt_tokens, completion_tokens=a.completion_tokens,
-                           capped_updates=a.capped_updates, memory=(a.memory or "")[:REPLY_CHARS])
+                           capped_updates=a.capped_updates, memory=(a.memory or "")[:REPLY_CHARS],
+                           skipped_chunks=a.skipped_chunks, exit_chunk=a.exit_chunk)
             else:
                 budget = self.doc_budget - 2 * len(self.tokenizer.encode(s.question))  # it is asked twice
                 doc, cut = truncate_middle(s.document, self.tokenizer, budget)
@@ -232,8 +245,9 @@ def _check_dir(out: Path, cfg: EvalConfig) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "config.json"
     if path.is_file():
-        old = json.loads(path.read_text()).get("identity", {})
-        diff = [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in cfg.identity().items() if old.get(k) != v]
+        old, new = json.loads(path.read_text()).get("identity", {}), cfg.identity()
+        keys = list(new) + [k for k in old if k not in new]  # both ways: the gates appear only when on
+        diff = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
         if diff:
             raise ValueError(f"{out} holds a run with other settings ({'; '.join(diff)}); use another --out")
     path.write_text(json.dumps({"identity": cfg.identity(), "config": asdict(cfg)}, indent=1) + "\n")
@@ -404,6 +418,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--export", default=None, metavar="FILE",
                    help="only build the samples and write them as JSONL (no model is run)")
     p.add_argument("--no-plot", action="store_true", help="do not draw accuracy_vs_length.png")
+    from .cli import add_gate_args
+
+    add_gate_args(p)
     sub = p.add_subparsers(dest="eval_command")
     pl = sub.add_parser("plot", help="draw several eval folders on one accuracy-vs-length figure")
     pl.add_argument("dirs", nargs="+", metavar="DIR")
@@ -445,7 +462,7 @@ def main(args) -> int:
         return 0
     if not args.out:
         raise ValueError("give --out DIR for the results (or --export FILE to only build samples)")
-    from .cli import backend_from_args, reading_defaults
+    from .cli import backend_from_args, check_gates, reading_defaults
     from .prompts import load_template
 
     if args.api_key is None:
@@ -453,6 +470,12 @@ def main(args) -> int:
     spec = models.MODELS.get(args.model or models.DEFAULT_MODEL) if args.backend == "embedded" else None
     chunk, memory, template = reading_defaults(args, spec)
     tmpl = load_template(template)  # a bad template fails before any model loads
+    check_gates(args, tmpl)
+    if args.method == "direct" and (args.skip_update != "off" or args.early_exit != "off"):
+        raise ValueError("--skip-update and --early-exit apply to --method memagent (direct makes one call)")
+    if args.skip_update != "off" and set(names) & AGGREGATE_TASKS:
+        print(f"memagent: warning: --skip-update {args.skip_update} skips chunks an aggregation task "
+              f"({', '.join(sorted(set(names) & AGGREGATE_TASKS))}) needs to count", file=sys.stderr)
     backend, tokenizer, spec = backend_from_args(args)
     window = args.context_window or getattr(backend, "context_window", None) or (spec.context_window if spec else None)
     if spec is not None:  # never more than the registry's tested window (the HF config may claim more)
@@ -462,13 +485,14 @@ def main(args) -> int:
                      tokenizer=getattr(tokenizer, "name", ""), chunk_tokens=chunk, memory_tokens=memory,
                      template=template, answer_tokens=args.answer_tokens, temperature=args.temperature,
                      concurrency=args.concurrency or (4 if args.backend == "embedded" else 16),
-                     context_window=window if args.method == "direct" else None)
+                     context_window=window if args.method == "direct" else None,
+                     skip_update=args.skip_update, early_exit=args.early_exit)
     if args.method == "memagent" and spec is not None:
         from .cli import check_window
         from .driver import MemoryAgent
 
-        check_window(MemoryAgent(backend, tokenizer, template=tmpl, chunk_tokens=chunk, memory_tokens=memory),
-                     spec, ["x" * 200])
+        check_window(MemoryAgent(backend, tokenizer, template=tmpl, chunk_tokens=chunk, memory_tokens=memory,
+                                 early_exit=args.early_exit), spec, ["x" * 200])
 
     async def go():
         try:

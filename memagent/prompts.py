@@ -3,6 +3,8 @@
 Templates live in `memagent/templates/*.toml` (one place; users pass `--template FILE` for their own,
 e.g. the wording a released checkpoint was trained with). A template has an update prompt with
 {question} {memory} {chunk}, a final prompt with {question} {memory}, and the empty-memory marker.
+Optionally, for the early-exit gate (memagent/gates.py): `update_exit`, an update prompt that also
+tells the model to end its memory with the `exit_marker` line once the memory answers the question.
 
 Why rendering is not `str.format`: a document may contain "{memory}" or "</section>". Placeholders are
 substituted in one pass (inserted text is never scanned again), and any of the template's own markers
@@ -15,6 +17,7 @@ import hashlib
 import re
 import tomllib
 from dataclasses import dataclass
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -34,22 +37,32 @@ class Template:
     final: str
     empty_memory: str
     system: str | None = None
+    update_exit: str | None = None  # the update prompt when the early-exit gate is on
+    exit_marker: str | None = None  # the line that prompt asks for once the memory answers the question
 
     @property
     def digest(self) -> str:
-        """Identifies the wording in state files: resuming with a different template is refused."""
+        """Identifies the wording in state files: resuming with a different template is refused.
+
+        The exit wording is left out on purpose, so that adding it kept every earlier digest (and state
+        file) valid; a read with the exit gate on records `exit_digest` in its settings instead."""
         h = hashlib.sha256("\x00".join([self.update, self.final, self.empty_memory, self.system or ""]).encode())
         return h.hexdigest()[:16]
 
     @property
-    def tag_names(self) -> set[str]:
-        return {m.group(1).lower() for m in TAG.finditer(self.update + self.final)}
+    def exit_digest(self) -> str:
+        h = hashlib.sha256("\x00".join([self.update_exit or "", self.exit_marker or ""]).encode())
+        return h.hexdigest()[:16]
 
-    @property
+    @cached_property  # rendered into every prompt: computed once per template, not per call
+    def tag_names(self) -> set[str]:
+        return {m.group(1).lower() for m in TAG.finditer(self.update + self.final + (self.update_exit or ""))}
+
+    @cached_property
     def cue_lines(self) -> list[str]:
         """Non-empty lines outside placeholders that end in ':' (e.g. 'Updated memory:')."""
         cues = []
-        for text in (self.update, self.final):
+        for text in (self.update, self.final, self.update_exit or ""):
             for line in text.splitlines():
                 s = line.strip()
                 if s.endswith(":") and len(s) < 60 and "{" not in s:
@@ -65,6 +78,16 @@ class Template:
                 raise TemplateError(f"template {self.name!r}: the {field} prompt lacks {missing}")
         if not self.empty_memory.strip():
             raise TemplateError(f"template {self.name!r}: empty_memory must not be blank")
+        if (self.update_exit is None) != (self.exit_marker is None):
+            raise TemplateError(f"template {self.name!r}: update_exit and exit_marker go together")
+        if self.update_exit is not None:
+            missing = {"question", "memory", "chunk"} - set(PLACEHOLDER.findall(self.update_exit))
+            if missing:
+                raise TemplateError(f"template {self.name!r}: the update_exit prompt lacks "
+                                    + ", ".join("{" + n + "}" for n in sorted(missing)))
+            if not self.exit_marker.strip() or self.exit_marker.strip() not in self.update_exit:
+                raise TemplateError(f"template {self.name!r}: exit_marker must be non-blank and quoted in "
+                                    "update_exit (the model has to be told what to write)")
 
 
 def builtin_templates() -> list[str]:
@@ -85,7 +108,7 @@ def load_template(name_or_path: str) -> Template:
         data = tomllib.loads((resources.files("memagent.templates") / f"{name_or_path}.toml").read_text())
     else:
         raise TemplateError(f"template {name_or_path!r} is neither a file nor one of: {', '.join(builtin_templates())}")
-    unknown = set(data) - {"name", "update", "final", "empty_memory", "system"}
+    unknown = set(data) - {"name", "update", "final", "empty_memory", "system", "update_exit", "exit_marker"}
     if unknown:
         raise TemplateError(f"template {name_or_path}: unknown keys {sorted(unknown)}")
     for key in ("update", "final", "empty_memory"):
@@ -94,8 +117,11 @@ def load_template(name_or_path: str) -> Template:
     return Template(**data)
 
 
-def neutralise(text: str, template: Template) -> str:
-    """Defuse the template's own markers inside inserted text; everything else is left as is."""
+def neutralise(text: str, template: Template, extra: tuple[str, ...] = ()) -> str:
+    """Defuse the template's own markers inside inserted text; everything else is left as is.
+
+    `extra`: further markers to defuse (the exit marker, when the exit gate is on: a document must not
+    be able to make the model stop reading by carrying the marker for it to copy)."""
     names = template.tag_names
 
     def fix_tag(m: re.Match) -> str:
@@ -107,14 +133,16 @@ def neutralise(text: str, template: Template) -> str:
     for cue in template.cue_lines:
         if cue in text:
             text = text.replace(cue, cue[0] + ZWSP + cue[1:])
+    for marker in (m.strip() for m in extra if m.strip()):  # matched case-blind, as the reader finds it
+        text = re.sub(re.escape(marker), lambda m: m.group(0)[0] + ZWSP + m.group(0)[1:], text, flags=re.I)
     for ph in ("{question}", "{memory}", "{chunk}"):
         if ph in text:  # harmless with one-pass rendering, but a user's own template tool may re-render
             text = text.replace(ph, "{" + ZWSP + ph[1:])
     return text
 
 
-def render(text: str, template: Template, **values: str) -> str:
-    safe = {k: neutralise(v, template) for k, v in values.items()}
+def render(text: str, template: Template, extra_markers: tuple[str, ...] = (), **values: str) -> str:
+    safe = {k: neutralise(v, template, extra_markers) for k, v in values.items()}
     return PLACEHOLDER.sub(lambda m: safe[m.group(1)], text)
 
 

@@ -49,7 +49,9 @@ class StateFile:
             raise StateError(f"state file {self.path} has version {body.get('version')}, expected {VERSION}")
         if body["questions"] != list(questions):
             raise StateError(f"state file {self.path} was written for other questions; use another --state file")
-        diff = [k for k in settings if body["settings"].get(k) != settings[k]]
+        # both ways: a setting present on one side only (e.g. the optional "gates") is a difference too
+        keys = list(settings) + [k for k in body["settings"] if k not in settings]
+        diff = [k for k in keys if body["settings"].get(k) != settings.get(k)]
         if diff:
             raise StateError(f"state file {self.path} was written with other settings ({', '.join(diff)})")
         if body["doc"] != doc_name:

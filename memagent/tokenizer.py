@@ -84,22 +84,31 @@ class HFTokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
     def safe_cut(self, text: str, before: int) -> int:
-        # Look at a window behind `before`; cut at the start of a pre-token that begins with a newline
-        # (or, failing that, any whitespace-led pre-token), keeping 64 chars of lookahead behind the cut
-        # so that the regex decisions near it are the same as in the whole text.
-        lo = max(0, before - 4096)
+        lo = max(0, before - SAFE_WINDOW)
         window = text[lo:before]
         if self._pre is None:
             return lo + (window.rfind("\n") if "\n" in window else len(window))
-        pieces = self._pre.pre_tokenize_str(window)
-        starts = [s for _, (s, _) in pieces if 0 < s < len(window) - 64]
-        for s in reversed(starts):
-            if window[s] == "\n" and window[s - 1] != "\n" and not window[s - 1].isspace():
-                return lo + s
-        for s in reversed(starts):
-            if window[s].isspace() and not window[s - 1].isspace():
-                return lo + s
-        return lo + (starts[-1] if starts else 0)
+        return lo + choose_cut(window, [s for _, (s, _) in self._pre.pre_tokenize_str(window)])
+
+
+SAFE_WINDOW = 4096  # characters searched behind a requested cut
+
+
+def choose_cut(window: str, piece_starts: list[int]) -> int:
+    """Where to cut `window`, given where the pre-tokenizer starts its pieces.
+
+    Prefer the start of a piece that begins with a newline (else any whitespace-led piece) after
+    non-space, and keep 64 characters of lookahead behind the cut, so that the regex decisions near
+    the cut are the same as in the whole text.
+    """
+    starts = [s for s in piece_starts if 0 < s < len(window) - 64]
+    for s in reversed(starts):
+        if window[s] == "\n" and window[s - 1] != "\n" and not window[s - 1].isspace():
+            return s
+    for s in reversed(starts):
+        if window[s].isspace() and not window[s - 1].isspace():
+            return s
+    return starts[-1] if starts else 0
 
 
 class ByteTokenizer:

@@ -23,9 +23,23 @@ def ref():
     return HFTokenizer.from_file(path)
 
 
+@pytest.fixture(autouse=True)
+def no_short_cut(monkeypatch):
+    """Short texts normally go straight to the reference; here every text takes our path."""
+    monkeypatch.setattr(fasttok, "SHORT_TEXT", 0)
+
+
 @pytest.fixture()
 def fast(ref):
     return fasttok.FastBPETokenizer(ref)
+
+
+def test_short_texts_go_to_the_reference(ref, monkeypatch):
+    monkeypatch.setattr(fasttok, "SHORT_TEXT", 400)
+    fast = fasttok.FastBPETokenizer(ref)
+    same(ref, fast, "notes 1a2b3c4d")
+    same(ref, fast, "word " * 100)
+    assert fast.stats["short"] == 2 and fast.stats["fast"] == 2  # encode_offsets and encode, each
 
 
 def same(ref, fast, text):
@@ -126,4 +140,66 @@ def test_cache_is_bounded(ref, monkeypatch):
     for _ in range(5):
         text = " ".join(f"w{rng.randrange(10**9)}" for _ in range(400))
         same(ref, fast, text)
-    assert len(fast._entries) <= 500
+    assert len(fast._row) <= 500
+
+
+def test_threads_share_one_cache(ref, monkeypatch):
+    """The driver tokenizes several documents at once in worker threads, all through one cache (small
+    here, so it is also cleared while other threads read it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from common import essays, hotpot_paragraphs
+
+    monkeypatch.setattr(fasttok, "CACHE_LIMIT", 3000)
+    fast = fasttok.FastBPETokenizer(ref)
+    texts = [essays()[i * 20_000:(i + 1) * 20_000] for i in range(6)] + \
+            [hotpot_paragraphs(120_000)[i * 20_000:(i + 1) * 20_000] for i in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(lambda t: [fast.encode_offsets(t[k:k + 4000]) for k in range(0, len(t), 4000)], texts * 2))
+    want = [[ref.encode_offsets(t[k:k + 4000]) for k in range(0, len(t), 4000)] for t in texts * 2]
+    assert got == want
+
+
+def test_random_text_property(ref):
+    """Hypothesis: any text over a mixed alphabet, cold and warm, matches the reference."""
+    hypothesis = pytest.importorskip("hypothesis")
+    from hypothesis import strategies as st
+
+    fast = fasttok.FastBPETokenizer(ref)
+    alphabet = st.sampled_from(list(" \n\t'sdtlmvre") + list("abcXYZ019.,!?-—é中😀\u00a0\u0301"))
+
+    @hypothesis.settings(max_examples=300, deadline=None)
+    @hypothesis.given(st.text(alphabet, max_size=400))
+    def check(text):
+        same(ref, fast, text)
+
+    check()
+
+
+def test_unseeded_table_matches_reference(ref):
+    """Without the vocabulary seed every piece is learned from documents: the same results."""
+    from common import essays, hotpot_paragraphs, unicode_text
+
+    fast = fasttok.FastBPETokenizer(ref, seed=False)
+    assert fast._rows_used == 0
+    for t in [essays()[:60_000], hotpot_paragraphs(60_000), unicode_text(30_000, seed=5)] * 2:
+        same(ref, fast, t)
+    assert fast.stats["learned"] >= 1 and fast.stats["misses"] > 1000
+
+
+def test_seed_cache_file_is_checked(ref, tmp_path, monkeypatch):
+    """A missing or damaged seed file is recomputed (and rewritten); the seed makes unseen English hit."""
+    from common import hotpot_paragraphs
+
+    monkeypatch.setenv("MEMAGENT_CACHE", str(tmp_path))
+    first = fasttok.FastBPETokenizer(ref)
+    path = fasttok._seed_path(ref)
+    assert path.is_file() and first._rows_used > 40_000
+    path.write_bytes(b"not a numpy file")
+    second = fasttok.FastBPETokenizer(ref)
+    assert second._rows_used == first._rows_used and path.stat().st_size > 1000
+    text = hotpot_paragraphs(20_000)
+    same(ref, second, text)
+    unseeded = fasttok.FastBPETokenizer(ref, seed=False)
+    same(ref, unseeded, text)
+    assert second.stats["misses"] < unseeded.stats["misses"] / 2

@@ -154,6 +154,49 @@ def test_kl_estimators_and_term():
     assert st["kl_sum"] == pytest.approx(0.5 + math.log(2) - 1)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_selected_logprobs_match_log_softmax_and_its_gradient(temperature):
+    torch = pytest.importorskip("torch")
+    from memagent.rl.policy import selected_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(2, 5, 101, generator=g, dtype=torch.float64)).requires_grad_()
+    targets = torch.randint(0, 101, (2, 5), generator=g)
+    w = torch.randn(2, 5, generator=g, dtype=torch.float64)
+    logp, ent = selected_logprobs(logits, targets, temperature)
+    (logp * w).sum().backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    all_lp = torch.log_softmax(logits.float() / temperature, -1)
+    ref = all_lp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    (ref * w).sum().backward()
+    assert torch.allclose(logp, ref, atol=1e-5)
+    assert torch.allclose(ent, -(all_lp.exp() * all_lp).sum(-1).detach(), atol=1e-4)
+    assert torch.allclose(ours, logits.grad, atol=1e-6) and not ent.requires_grad
+
+
+def test_token_logprobs_equal_the_full_logits_computation():
+    torch = pytest.importorskip("torch")
+    from memagent.rl.advantage import Row
+    from memagent.rl.policy import micro_batches, token_logprobs
+    from memagent.rl.tiny import build_model
+
+    model = build_model()
+    rows = [Row(prompt_ids=[2, 3, 4, 5], response_ids=[6, 7, 1], sampler_logprobs=None, advantage=1.0, trajectory=0,
+                kind="update", finished=True),
+            Row(prompt_ids=[2, 3], response_ids=[8], sampler_logprobs=None, advantage=1.0, trajectory=1,
+                kind="final", finished=True)]
+    mb = micro_batches(rows, 1 << 10, 0, "cpu")[0]
+    logp, ent = token_logprobs(model, mb, 0.7, with_entropy=True)
+    with torch.no_grad():
+        for r, lp in zip(rows, logp):
+            seq = torch.tensor([r.prompt_ids + r.response_ids])
+            full = torch.log_softmax(model(input_ids=seq).logits[0, :-1] / 0.7, -1)
+            want = full[-len(r.response_ids):].gather(-1, torch.tensor(r.response_ids).unsqueeze(-1)).squeeze(-1)
+            assert torch.allclose(lp[-len(r.response_ids):], want, atol=1e-5)
+    assert ent.shape == logp.shape
+
+
 # ---- dynamic sampling, reward ---------------------------------------------------------------------
 
 def test_dynamic_sampling_drops_groups_with_equal_rewards():

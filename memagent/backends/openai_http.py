@@ -7,6 +7,11 @@ counted, so benchmarks and tests can see how many there were. Retried: 5xx, 408,
 connection errors, malformed bodies, with exponential backoff and jitter (honouring Retry-After).
 Everything else 4xx (bad key, unknown model, bad request) fails at once: retrying cannot fix it.
 
+Why aiohttp and not the `openai` SDK's transport: at 256 documents in flight, httpx's connection pool
+scans every connection for every request (quadratic in the concurrency); the same 1,311 requests took
+14-16 s through the SDK and 1.7-1.9 s through aiohttp (benchmarks/bench_overhead.py). The wire format
+is the same OpenAI chat-completions API, so any server the SDK talks to works here (`base_url`, key).
+
 Concurrency is bounded by a semaphore held only while a request is on the wire, so a call sleeping in
 backoff does not block the others. Errors are one line with the status and attempt count, and the API
 key is scrubbed from every message we raise.
@@ -37,6 +42,14 @@ class _Malformed(Exception):
     """A 2xx response we cannot use; retried like a server error."""
 
 
+class _HTTPStatus(Exception):
+    """A response with status >= 400 (what the SDK would raise as APIStatusError)."""
+
+    def __init__(self, status: int, text: str, retry_after: str | None):
+        super().__init__(f"HTTP {status}")
+        self.status, self.text, self.retry_after = status, text, retry_after
+
+
 class OpenAIBackend:
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None,
                  concurrency: int = 64, timeout: float = 120.0, max_retries: int = 5, backoff: float = 0.5,
@@ -54,7 +67,7 @@ class OpenAIBackend:
         self.stats = {"requests": 0, "attempts": 0, "retries": 0, "failures": 0, "prompt_tokens": 0,
                       "completion_tokens": 0, "in_flight": 0, "max_in_flight": 0, "retry_reasons": {}}
         self._loop = None  # client, semaphore and lock belong to one event loop; rebuilt for another
-        self._client = self._sem = self._model_lock = None
+        self._session = self._sem = self._model_lock = self._guard = None
         self._token_param = "max_tokens"  # switched to max_completion_tokens if the server insists
 
     @property
@@ -66,13 +79,28 @@ class OpenAIBackend:
     def _bind(self):
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            import openai  # imported here: `import memagent.backends` must stay light
+            import aiohttp  # imported here: `import memagent.backends` must stay light
+
             self._loop = loop
-            self._client = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout,
-                                              max_retries=0, http_client=_http_client(openai, self.timeout))
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.concurrency),
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                headers={"Authorization": f"Bearer {self.api_key}"},
+                # HTTP(S)_PROXY / NO_PROXY, as the SDK honours them; only when one is set, because
+                # trust_env also makes every request look up ~/.netrc in a worker thread
+                trust_env=_proxy_configured())
             self._sem = asyncio.Semaphore(self.concurrency)
             self._model_lock = asyncio.Lock()
-        return self._client
+            self._guard = loop.create_task(_close_at_loop_end(self._session))
+        return self._session
+
+    async def _request(self, method: str, path: str, body: dict | None = None) -> str:
+        """One HTTP attempt: the body as text, or _HTTPStatus for a status >= 400."""
+        async with self._session.request(method, self.base_url + path, json=body) as resp:
+            text = await resp.text(errors="replace")
+            if resp.status >= 400:
+                raise _HTTPStatus(resp.status, text, resp.headers.get("retry-after"))
+            return text
 
     def _scrub(self, text: str) -> str:
         if self.api_key and self.api_key != "EMPTY" and len(self.api_key) >= 4:
@@ -86,23 +114,17 @@ class OpenAIBackend:
 
     def _classify(self, e: Exception) -> tuple[bool, str, str, float | None]:
         """(retryable, reason key for stats, one-line detail, server's Retry-After seconds)."""
-        import openai
+        import aiohttp
         if isinstance(e, _Malformed):
             return True, "malformed", f"malformed response ({e})", None
-        if isinstance(e, openai.APITimeoutError):
+        if isinstance(e, asyncio.TimeoutError):  # aiohttp's ServerTimeoutError is one too
             return True, "timeout", f"no response within {self.timeout:g} s", None
-        if isinstance(e, openai.APIConnectionError):
-            cause = e.__cause__ or e.__context__
-            why = f"{type(cause).__name__}: {cause}" if cause else str(e)
-            return True, "connection", f"connection failed ({why})", None
-        if isinstance(e, openai.APIStatusError):
-            status = e.status_code
-            message = _error_message(e)
-            retry_after = _retry_after(e.response.headers.get("retry-after"))
-            retryable = status >= 500 or status in RETRY_STATUS
-            return retryable, f"http_{status}", f"HTTP {status}: {message}", retry_after
-        if isinstance(e, openai.APIResponseValidationError):
-            return True, "malformed", f"malformed response ({e})", None
+        if isinstance(e, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)):
+            return True, "connection", f"connection failed ({type(e).__name__}: {e})", None
+        if isinstance(e, _HTTPStatus):
+            retryable = e.status >= 500 or e.status in RETRY_STATUS
+            return retryable, f"http_{e.status}", f"HTTP {e.status}: {_error_message(e.text)}", \
+                _retry_after(e.retry_after)
         return False, type(e).__name__, f"{type(e).__name__}: {e}", None
 
     async def _call(self, what: str, send):
@@ -137,11 +159,11 @@ class OpenAIBackend:
     async def _resolve_model(self) -> str:
         async with self._model_lock:
             if self.model is None:
-                client = self._client
-
                 async def send():
-                    page = await client.models.list()
-                    ids = [m.id for m in page.data]
+                    try:
+                        ids = [m["id"] for m in json.loads(await self._request("GET", "/models"))["data"]]
+                    except (ValueError, KeyError, TypeError):
+                        raise _Malformed("the model list is not the OpenAI shape") from None
                     if not ids:
                         raise _Malformed("the server lists no models")
                     return ids[0]
@@ -157,7 +179,7 @@ class OpenAIBackend:
                                "the embedded backend")
         if request.max_tokens <= 0:
             raise BackendError(f"max_tokens must be positive, got {request.max_tokens}")
-        client = self._bind()
+        self._bind()
         model = self.model or await self._resolve_model()
         self.stats["requests"] += 1
         params = {"model": model, "messages": request.messages, "temperature": request.temperature,
@@ -166,10 +188,8 @@ class OpenAIBackend:
             params["seed"] = request.seed
 
         async def send():
-            # The SDK's generic post: its auth, headers, timeouts and error types, without the typed
-            # `create()` layer, whose per-call parameter walk and model parsing tripled our overhead.
             body = {**params, self._token_param: request.max_tokens}
-            return _parse_completion(await client.post("/chat/completions", body=body, cast_to=str))
+            return _parse_completion(await self._request("POST", "/chat/completions", body))
 
         try:
             return self._account(await self._call("chat completion", send))
@@ -188,20 +208,35 @@ class OpenAIBackend:
         return gen
 
     async def aclose(self) -> None:
-        client, self._client, self._loop = self._client, None, None
-        if client is not None:
+        """Close the connections; the backend stays usable (a later call opens new ones)."""
+        session, guard, self._session, self._guard, self._loop = self._session, self._guard, None, None, None
+        if guard is not None:
+            guard.cancel()
+        if session is not None and not session.closed:
             try:
-                await client.close()
+                await session.close()
             except RuntimeError:  # its event loop is gone: nothing left to close
                 pass
 
 
-def _http_client(openai, timeout: float):
-    """The SDK's default httpx client, passed explicitly: the implicit one closes itself from __del__
-    on whatever loop is running, which fails (noisily) once a later asyncio.run() holds a new loop.
-    (The SDK's aiohttp transport is about twice as fast on loopback, but it reports a dropped
-    connection as a timeout and warns about unclosed sessions at exit; not worth it yet.)"""
-    return openai.DefaultAsyncHttpxClient(timeout=timeout)
+def _proxy_configured() -> bool:
+    return any(os.environ.get(k) for k in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy",
+                                             "https_proxy", "all_proxy"))
+
+
+async def _close_at_loop_end(session) -> None:
+    """Close `session` when its event loop shuts down.
+
+    Why: the sync API (`MemoryAgent.ask`, the trainer's rollouts) runs each call in its own
+    `asyncio.run()`, and an aiohttp session cannot be closed once its loop is gone (it would warn about
+    unclosed sessions and leak sockets). `asyncio.run` cancels the tasks still pending before it closes
+    the loop, so this task's `finally` closes the connections while the loop can still do it.
+    """
+    try:
+        await asyncio.Event().wait()
+    finally:
+        if not session.closed:
+            await session.close()
 
 
 def _parse_completion(content: str | bytes) -> Generation:
@@ -236,19 +271,19 @@ def _count(value) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def _error_message(e) -> str:
-    body = getattr(e, "body", None)
+def _error_message(text: str) -> str:
+    """The server's own message from an error body ({"error": {"message": ...}} and the variants)."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.strip() or "no message"
     if isinstance(body, dict):
-        inner = body.get("error", body)
+        inner = body.get("error", body.get("detail", body))
         if isinstance(inner, dict) and isinstance(inner.get("message"), str):
             return inner["message"]
         if isinstance(inner, str):
             return inner
-    try:
-        text = e.response.text
-    except Exception:
-        text = ""
-    return text.strip() or getattr(e, "message", "") or "no message"
+    return text.strip() or "no message"
 
 
 def _retry_after(value: str | None) -> float | None:

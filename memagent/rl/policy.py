@@ -1,9 +1,9 @@
 """The trained model: a transformers causal LM (optionally with LoRA) and its log-prob forward.
 
 Rows are (prompt ids, response ids) exactly as sampled. A micro-batch is left-padded so that every
-row's response ends at the last position; then only the last R+1 positions need logits
-(`logits_to_keep`), which keeps the [tokens, vocab] tensor small for short memory updates behind long
-prompts. Log-probs are taken from logits / temperature, the distribution the rollout sampled from.
+row's response ends at the last position; then only the R positions that predict a response token need
+logits (`logits_to_keep`), which keeps the [tokens, vocab] tensor small for short memory updates behind
+long prompts. Log-probs are taken from logits / temperature, the distribution the rollout sampled from.
 
 Reference model for the KL term: with LoRA it is the same weights with the adapter switched off (no
 extra memory); for a full fine-tune a frozen copy is kept (2x weights) and only when beta > 0.
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -127,22 +126,73 @@ def _collate(rows: list, pad_id: int, device) -> MicroBatch:
     return MicroBatch(rows, ids.to(device), mask.to(device), pos.to(device), targets.to(device), rmask.to(device))
 
 
+class _SelectedLogProb(torch.autograd.Function):
+    """log p(target) (and optionally the entropy) from [..., V] logits at `temperature`, hand-differentiated.
+
+    Why not log_softmax + gather: over a large vocabulary autograd then keeps a [N, V] log-softmax, and its
+    backward allocates and zero-fills a [N, V] tensor for the gather, scatters into it and runs
+    log_softmax's own backward (another exp pass); the entropy for the logs costs a further exp and a
+    [N, V] product. On a CPU every fresh [N, V] tensor also costs its page faults, about as much as the
+    arithmetic. Here one softmax is computed and kept (the memory log_softmax kept), the entropy is taken
+    from it in small row blocks, and the backward overwrites the kept softmax with the gradient in place:
+    d logp_t / d z = onehot(t) - p, times 1/temperature. Numbers: benchmarks/bench_trainer_vs_trl.py."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature, with_entropy):
+        z = logits / temperature if temperature != 1.0 else logits
+        top = z.amax(-1, keepdim=True)
+        p = (z - top).exp_()
+        total = p.sum(-1, keepdim=True)
+        p.div_(total)
+        lse = (top + total.log()).squeeze(-1)
+        logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+        entropy = torch.zeros_like(lse)
+        if with_entropy:  # H = lse - sum_v p_v z_v, in blocks of rows so no [N, V] product is allocated
+            pf, zf, dot = p.reshape(-1, p.shape[-1]), z.reshape(-1, z.shape[-1]), entropy.view(-1)
+            for i in range(0, pf.shape[0], 32):
+                dot[i:i + 32] = (pf[i:i + 32] * zf[i:i + 32]).sum(-1)
+            entropy = lse - entropy
+        ctx.save_for_backward(p, targets)
+        ctx.temperature, ctx.used = temperature, False
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        if ctx.used:  # the kept softmax was overwritten by the first backward
+            raise RuntimeError("selected_logprobs supports one backward pass (no retain_graph)")
+        ctx.used = True
+        p, targets = ctx.saved_tensors
+        if grad_logp is None:
+            return None, None, None, None
+        grad = p.mul_((-grad_logp).unsqueeze(-1))
+        grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
+        if ctx.temperature != 1.0:
+            grad.div_(ctx.temperature)
+        return grad, None, None, None
+
+
+def selected_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                      with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p(targets), entropy) of logits [..., V] at `temperature`. The entropy carries no gradient and
+    is zeros when `with_entropy` is False. Differentiable once (the backward reuses the kept softmax)."""
+    t = float(temperature) if temperature else 1.0
+    return _SelectedLogProb.apply(logits.float(), targets, t, with_entropy)
+
+
 def token_logprobs(model, mb: MicroBatch, temperature: float = 1.0,
                    with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """[B, R] log-probs of the response tokens (right-aligned; garbage where response_mask is 0)."""
-    R = mb.targets.shape[1]
+    """[B, R] log-probs of the response tokens (right-aligned; garbage where response_mask is 0).
+
+    Logits are computed only at the R positions that predict a response token (`logits_to_keep` given as
+    their indices), so no [B, R+1, V] tensor is sliced (a slice would cost a zero-fill and a copy of the
+    whole tensor in the backward)."""
+    R, L = mb.targets.shape[1], mb.input_ids.shape[1]
+    keep = torch.arange(L - R - 1, L - 1, device=mb.input_ids.device)
     out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-                logits_to_keep=R + 1, use_cache=False)
-    logits = out.logits[:, -(R + 1):-1, :].float()
-    if temperature and temperature != 1.0:
-        logits = logits / temperature
-    logp_all = F.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+                logits_to_keep=keep, use_cache=False)
+    logp, entropy = selected_logprobs(out.logits, mb.targets, temperature, with_entropy)
+    return logp, (entropy if with_entropy else None)
 
 
 def pad_right_aligned(values: list[list[float] | None], R: int, device) -> torch.Tensor:

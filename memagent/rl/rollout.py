@@ -113,6 +113,8 @@ async def rollout(backend: Backend, reader: Reader, samples: list[Sample], num_g
                   seed: int = 0, step: int = 0, group_offset: int = 0, keep_tokens: bool = True,
                   max_concurrency: int | None = None) -> list[Trajectory]:
     """G trajectories per sample, in sample-major order (the G of sample k are contiguous)."""
+    if reader.config.gated:  # a skipped chunk or an exit has no conversation to train on, nor a reward for it
+        raise ValueError("the skip-update and early-exit gates are for inference; training reads every chunk")
     jobs = [(k, g) for k in range(len(samples)) for g in range(num_generations)]
     states: list[ReadState] = [reader.start(samples[k].question) for k, _ in jobs]
     convs: list[list[Conversation]] = [[] for _ in jobs]
