@@ -44,9 +44,13 @@ JOBS = {
                                "--method", "memagent", "--chunk-tokens", "2048"],
     "niah-direct": ["--task", "niah_single_1,niah_multikey_1", "--lengths", NIAH_LENGTHS, "--n", "2",
                     "--method", "direct"],
+    # the lexical skip gate (benchmarks/bench_gates.py): most NIAH chunks cost no call, so chunk 512 and
+    # a larger n fit where plain memagent needed chunk 2048 and n=1
+    "niah-memagent-skip": ["--task", "niah_single_1,niah_multikey_1", "--lengths", NIAH_LENGTHS, "--n", "4",
+                           "--method", "memagent", "--skip-update", "lexical"],
 }
 FIGURES = {"eval_ruler_hotpotqa.png": ["hotpotqa-memagent", "hotpotqa-direct"],
-           "eval_niah.png": ["niah-single-memagent", "niah-multikey-memagent", "niah-direct"]}
+           "eval_niah.png": ["niah-single-memagent", "niah-multikey-memagent", "niah-direct", "niah-memagent-skip"]}
 
 
 def override(args: list[str], n: str | None = None, lengths: str | None = None) -> list[str]:

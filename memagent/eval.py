@@ -364,7 +364,9 @@ def plot(dirs: list[str | Path], png: str | Path, title: str | None = None) -> P
             lengths.update(x for x, _ in pts)
             label = cfg.get("method", "?")
             if label == "memagent":
-                label += f" (chunk {cfg.get('chunk_tokens')}, memory {cfg.get('memory_tokens')})"
+                gates = "".join(f", {k.replace('_', '-')} {cfg[k]}" for k in ("skip_update", "early_exit")
+                                if cfg.get(k, "off") != "off")
+                label += f" (chunk {cfg.get('chunk_tokens')}, memory {cfg.get('memory_tokens')}{gates})"
             label += f" / {cfg.get('model') or cfg.get('backend', Path(d).name)}"
             ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=label)
         metric = next((r["metric"] for _, rows in runs for r in rows if r["task"] == task), "")
