@@ -65,6 +65,11 @@ class Memo:
     def encode_batch_offsets(self, texts):
         return [self.encode_offsets(t) for t in texts]
 
+    def encode_batch_starts(self, texts):  # what the chunker asks a tokenizer that has it
+        starts = getattr(self.tok, "encode_batch_starts", None) or \
+            (lambda ts: [__import__("numpy").asarray(o[1]) for o in self.tok.encode_batch_offsets(ts)])
+        return [self._get("s", t, lambda x: starts([x])[0]) for t in texts]
+
     def safe_cut(self, text, before):
         return self._get("c", (text, before), lambda tb: self.tok.safe_cut(*tb))
 

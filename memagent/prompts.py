@@ -40,7 +40,7 @@ class Template:
     update_exit: str | None = None  # the update prompt when the early-exit gate is on
     exit_marker: str | None = None  # the line that prompt asks for once the memory answers the question
 
-    @property
+    @cached_property  # in every request's cache key: hashed once per template
     def digest(self) -> str:
         """Identifies the wording in state files: resuming with a different template is refused.
 
