@@ -84,7 +84,7 @@ def main() -> int:
     opts = ap.parse_args()
 
     from memagent.cli import main as cli_main
-    from memagent.eval import plot
+    from memagent.evalplot import plot
 
     names = opts.only or list(JOBS)
     if opts.smoke:

@@ -325,70 +325,12 @@ async def arun_eval(out: str | Path, cfg: EvalConfig, backend: Backend, tokenize
             summary = write_summary(out, cfg, time.perf_counter() - t0)
     if plot_png and summary["results"]:
         try:
+            from .evalplot import plot
+
             plot([out], out / "accuracy_vs_length.png")
         except ImportError:
             print("memagent: matplotlib is not installed; skipped the plot", file=sys.stderr)
     return summary
-
-
-# ---- plot ---------------------------------------------------------------------------------------------
-
-def load_run(d: str | Path) -> tuple[dict, list[dict]]:
-    d = Path(d)
-    if not (d / "samples.jsonl").is_file():
-        raise ValueError(f"{d}: no samples.jsonl (not an eval directory)")
-    cfg = json.loads((d / "config.json").read_text())["config"] if (d / "config.json").is_file() else {}
-    return cfg, summarize(list(read_records(d / "samples.jsonl").values()))
-
-
-def plot(dirs: list[str | Path], png: str | Path, title: str | None = None) -> Path:
-    """Accuracy vs length (log x), one line per run (method / model), one panel per task."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = [load_run(d) for d in dirs]
-    task_names = sorted({r["task"] for _, rows in runs for r in rows})
-    if not task_names:
-        raise ValueError("nothing to plot: the directories hold no finished samples")
-    cols = min(3, len(task_names))
-    rows_n = (len(task_names) + cols - 1) // cols
-    fig, axes = plt.subplots(rows_n, cols, figsize=(5.5 * cols, 4 * rows_n), squeeze=False)
-    for ax, task in zip(axes.flat, task_names):
-        lengths = set()
-        for (cfg, rows), d in zip(runs, dirs):
-            pts = sorted((r["length"], r["accuracy"]) for r in rows if r["task"] == task)
-            if not pts:
-                continue
-            lengths.update(x for x, _ in pts)
-            label = cfg.get("method", "?")
-            if label == "memagent":
-                gates = "".join(f", {k.replace('_', '-')} {cfg[k]}" for k in ("skip_update", "early_exit")
-                                if cfg.get(k, "off") != "off")
-                label += f" (chunk {cfg.get('chunk_tokens')}, memory {cfg.get('memory_tokens')}{gates})"
-            label += f" / {cfg.get('model') or cfg.get('backend', Path(d).name)}"
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=label)
-        metric = next((r["metric"] for _, rows in runs for r in rows if r["task"] == task), "")
-        ax.set_xscale("log")
-        ax.set_xticks(sorted(lengths), [format_length(x) for x in sorted(lengths)], rotation=45)
-        ax.minorticks_off()
-        ax.set_ylim(-2, 102)
-        ax.set_xlabel("document length (tokens)")
-        ax.set_ylabel(f"accuracy (% {metric})")
-        ax.set_title(task)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(task_names):]:
-        ax.axis("off")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    png = Path(png)
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-    return png
 
 
 # ---- command line -------------------------------------------------------------------------------------
@@ -446,6 +388,8 @@ def main(args) -> int:
     from .tasks import export_jsonl, parse_lengths
 
     if getattr(args, "eval_command", None) == "plot":
+        from .evalplot import plot
+
         print(plot(args.dirs, args.output, args.title))
         return 0
     if getattr(args, "eval_command", None) == "tasks":

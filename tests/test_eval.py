@@ -168,10 +168,12 @@ def test_plot_merges_runs(tmp_path, smol_tokenizer):
     run(a, config(lengths=[1500], n=1), ScriptedBackend(policy=reader_policy), smol_tokenizer)
     run(b, config(method="direct", lengths=[1500, 3000], n=1, context_window=4096),
         ScriptedBackend(policy=lambda r: "\\boxed{0}"), smol_tokenizer)
-    png = ev.plot([a, b], tmp_path / "fig.png", title="t")
+    from memagent.evalplot import plot
+
+    png = plot([a, b], tmp_path / "fig.png", title="t")
     assert png.stat().st_size > 1000
     with pytest.raises(ValueError, match="not an eval directory"):
-        ev.plot([tmp_path / "missing"], tmp_path / "x.png")
+        plot([tmp_path / "missing"], tmp_path / "x.png")
 
 
 def test_cli_tasks_export_and_plot(tmp_path, capsys):
