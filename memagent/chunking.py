@@ -182,9 +182,9 @@ def iter_chunks(doc, tokenizer: Tokenizer, chunk_tokens: int) -> Iterator[Chunk]
     """Token-exact chunks of a document (anything `open_document` accepts), streamed."""
     if chunk_tokens <= 0:
         raise ValueError(f"chunk size must be a positive number of tokens, got {chunk_tokens}")
-    document = open_document(doc)
     import numpy as np
 
+    document = open_document(doc)
     pending = ""  # text from the current chunk's first character to the end of the last encoded piece
     starts = np.zeros(0, dtype=np.int64)  # token starts inside `pending`; starts[0]: the current chunk's first
     pending_char0 = 0  # document offset of pending[0]

@@ -214,8 +214,7 @@ class MemoryAgent:
                     if chunk.index == resume - 1 and store and store.last_digest not in (None, chunk.digest):
                         raise ValueError(f"state file {store.path} was written for a different document text")
                     continue
-                live = [q for q in qs if not q.error and not q.state.exited]
-                if not live and any(q.state.exited for q in qs):
+                if any(q.state.exited for q in qs) and all(q.error or q.state.exited for q in qs):
                     break  # every question still running has exited: the rest of the document is not read
                 n_chunks += 1
                 doc_tokens += chunk.n_tokens

@@ -345,7 +345,8 @@ class FastBPETokenizer:
 
     # ---- the Tokenizer protocol ---------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        return self.encode_offsets(text)[0]
+        ids, _ = self._encode_batch([text])[0]
+        return ids.tolist() if hasattr(ids, "tolist") else ids  # no list of offsets built for nothing
 
     def encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
         return self.encode_batch_offsets([text])[0]
