@@ -49,7 +49,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--long-tokens", type=int, default=None)
     ap.add_argument("--chunk-tokens", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None, help="reads of the long document (short: 3x that)")
-    ap.add_argument("--fast-tokenizer", action="store_true", help="use memagent.fasttok (same ids, faster)")
+    ap.add_argument("--fast-tokenizer", action="store_true", help="use the exact fast tokenizer (memagent.backends.fast: the C encoder, else memagent.fasttok)")
     ap.add_argument("--embedded", action="store_true", help="in-process embedded model instead of HTTP")
     ap.add_argument("--threads", type=int, default=2, help="--embedded: torch threads")
     args = ap.parse_args(argv)
@@ -65,9 +65,9 @@ def main(argv=None) -> dict:
 
     tok = smollm2_tokenizer()
     if args.fast_tokenizer:
-        from memagent.fasttok import FastBPETokenizer
+        from memagent.backends import fast
 
-        tok = FastBPETokenizer.wrap(tok)
+        tok = fast(tok)
     sample = essays()[:200_000]
     chars_per_token = len(sample) / len(tok.encode(sample))
     docs = {"short": document(short, chars_per_token), "long": document(long_, chars_per_token)}
@@ -77,9 +77,9 @@ def main(argv=None) -> dict:
         # read over and over would have all to itself; every read must start as cold as the first.
         t = smollm2_tokenizer()
         if args.fast_tokenizer:
-            from memagent.fasttok import FastBPETokenizer
+            from memagent.backends import fast
 
-            t = FastBPETokenizer.wrap(t)
+            t = fast(t)
         # The embedded model keeps its measured default memory (64): at 1024 a 135M model's update would
         # be ~100 s of decoding; the server runs keep the original 1024.
         return MemoryAgent(backend, t, template="memagent", chunk_tokens=chunk, memory_tokens=64 if args.embedded else 1024)

@@ -52,9 +52,9 @@ def child(path: str, mode: str, tokenizer: str, chunk_tokens: int) -> None:
 
     tok = smollm2_tokenizer()
     if tokenizer == "fast":
-        from memagent.fasttok import FastBPETokenizer
+        from memagent.backends import fast
 
-        tok = FastBPETokenizer.wrap(tok)
+        tok = fast(tok)
     path = Path(path)  # a str would be read as document text
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t = time.perf_counter()
@@ -74,6 +74,7 @@ def child(path: str, mode: str, tokenizer: str, chunk_tokens: int) -> None:
         n_tokens, n_chunks = answer.doc_tokens, answer.chunks
     print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "rss_before_mb": base / 1024, "tokens": n_tokens, "chunks": n_chunks,
+                      "tokenizer_class": type(tok).__name__,
                       "seconds": time.perf_counter() - t}))
 
 

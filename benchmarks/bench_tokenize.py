@@ -1,11 +1,13 @@
 """Tokenising and chunking throughput, and the fast tokenizer's exactness.
 
 Measures, side by side in one run and repeated (median): the reference `tokenizers` encoder called
-once per 256K-character block, the same encoder batch-encoding 8 blocks (both cores), and
-`memagent.fasttok.FastBPETokenizer` (cold: first sight of the text; warm: its piece cache filled). Then
-`iter_chunks` (chunk 5000) over the whole corpus with each tokenizer. Before timing anything it checks
-that the fast tokenizer gives the reference's ids and offsets for every block of the corpus (Paul
-Graham essays, HotpotQA paragraphs, generated many-script text, and text with special tokens in it).
+once per 256K-character block, the same encoder batch-encoding 8 blocks (both cores),
+`memagent.fasttok.FastBPETokenizer` (numpy piece cache, the fallback without a C compiler) and
+`memagent.nativebpe.NativeBPETokenizer` (the C encoder, the default), each cold (a new tokenizer: first
+sight of the text) and warm (its piece cache filled). Then `iter_chunks` (chunk 5000) over the whole
+corpus with each tokenizer, cold. Before timing anything it checks that both fast tokenizers give the
+reference's ids and offsets for every block of the corpus (Paul Graham essays, HotpotQA paragraphs,
+generated many-script text, and text with special tokens in it).
 
     python benchmarks/bench_tokenize.py            # full: ~6.5 M characters
     python benchmarks/bench_tokenize.py --smoke    # seconds
@@ -82,47 +84,62 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     repeats = args.repeats or (2 if args.smoke else 3)
 
+    from memagent import nativebpe
     from memagent.fasttok import FastBPETokenizer
 
     ref = smollm2_tokenizer()
     texts = corpus(args.smoke)
     blocks = [b for t in texts.values() for b in blocks_of(t, ref)]
     chars = sum(map(len, texts.values()))
-    checker = FastBPETokenizer(ref)
-    checked = verify(ref, checker, blocks)
-    checked["special_tokens_fallback_ok"] = special_text_check(ref, checker)
-    print(f"verified: {checked['tokens']:,} tokens in {checked['blocks']} blocks ({chars:,} characters) "
-          f"identical ids and offsets")
+    fast_kinds = {"fast": FastBPETokenizer}
+    if nativebpe.load_module() is not None:
+        fast_kinds["native"] = nativebpe.NativeBPETokenizer
+    else:
+        print(f"no C encoder: {nativebpe.build_error}")
+    checked = {}
+    for kind, cls in fast_kinds.items():
+        checker = cls(ref)
+        checked[kind] = verify(ref, checker, blocks)
+        checked[kind]["special_tokens_fallback_ok"] = special_text_check(ref, checker)
+        print(f"verified {kind}: {checked[kind]['tokens']:,} tokens in {checked[kind]['blocks']} blocks "
+              f"({chars:,} characters) identical ids and offsets")
 
     timing = sorted(blocks, key=len, reverse=True)[: max(1, len(blocks) // 2)]  # time a part, not all
     single = lambda bs: [ref.encode_offsets(b) for b in bs]  # noqa: E731
     batch = lambda bs: [r for i in range(0, len(bs), 8) for r in ref.encode_batch_offsets(bs[i:i + 8])]  # noqa: E731
-    runs = {"reference_single": [], "reference_batch": [], "fast_cold": [], "fast_warm": []}
+    runs = {"reference_single": [], "reference_batch": []}
+    runs.update({f"{kind}_{state}": [] for kind in fast_kinds for state in ("cold", "warm")})
     for _ in range(repeats):  # alternate so that a noisy neighbour hits every variant alike
         runs["reference_single"].append(rate(single, timing)[0])
         runs["reference_batch"].append(rate(batch, timing)[0])
-        fast = FastBPETokenizer(ref)
-        runs["fast_cold"].append(rate(fast.encode_batch_offsets, timing)[0])
-        runs["fast_warm"].append(rate(fast.encode_batch_offsets, timing)[0])
+        for kind, cls in fast_kinds.items():
+            fast = cls(ref)
+            runs[f"{kind}_cold"].append(rate(fast.encode_batch_offsets, timing)[0])
+            runs[f"{kind}_warm"].append(rate(fast.encode_batch_offsets, timing)[0])
     tok_s = {k: median(v) for k, v in runs.items()}
 
     whole = "".join(texts.values())
-    chunk_runs = {"reference": [], "fast": []}
+    chunk_runs = {"reference": [], **{kind: [] for kind in fast_kinds}}
     for _ in range(max(1, repeats - 1)):
         chunk_runs["reference"].append(chunk_rate(whole, ref))
-        chunk_runs["fast"].append(chunk_rate(whole, FastBPETokenizer(ref)))  # cold cache: a fresh document
+        for kind, cls in fast_kinds.items():
+            chunk_runs[kind].append(chunk_rate(whole, cls(ref)))  # cold cache: a fresh document
     chunk_s = {k: median(v) for k, v in chunk_runs.items()}
 
-    ratios = {
-        "fast_warm_vs_reference_single": tok_s["fast_warm"] / tok_s["reference_single"],
-        "fast_warm_vs_reference_batch": tok_s["fast_warm"] / tok_s["reference_batch"],
-        "fast_cold_vs_reference_single": tok_s["fast_cold"] / tok_s["reference_single"],
-        "chunking_fast_vs_reference": chunk_s["fast"] / chunk_s["reference"],
-    }
+    ratios = {}
+    for kind in fast_kinds:
+        ratios.update({
+            f"{kind}_warm_vs_reference_single": tok_s[f"{kind}_warm"] / tok_s["reference_single"],
+            f"{kind}_warm_vs_reference_batch": tok_s[f"{kind}_warm"] / tok_s["reference_batch"],
+            f"{kind}_cold_vs_reference_single": tok_s[f"{kind}_cold"] / tok_s["reference_single"],
+            f"{kind}_cold_vs_reference_batch": tok_s[f"{kind}_cold"] / tok_s["reference_batch"],
+            f"chunking_{kind}_vs_reference": chunk_s[kind] / chunk_s["reference"],
+        })
     result = {"verified": checked, "corpus_chars": {k: len(v) for k, v in texts.items()},
               "timed_tokens": sum(len(ref.encode(b)) for b in timing) if args.smoke else None,
               "tokens_per_s": tok_s, "chunking_tokens_per_s": chunk_s, "ratios": ratios,
-              "runs": runs, "chunk_runs": chunk_runs, "repeats": repeats, "goal_tokens_per_s": 1.5e6}
+              "runs": runs, "chunk_runs": chunk_runs, "repeats": repeats, "goal_tokens_per_s": 1.5e6,
+              "native_build_error": nativebpe.build_error}
     path = write_result("tokenize", result, smoke=args.smoke)
     for k, v in tok_s.items():
         print(f"encode {k:18s} {v / 1e6:6.3f} M tokens/s")

@@ -27,10 +27,11 @@ HERE = Path(__file__).resolve().parent
 # name -> (script, result file stem, [(label, path into the JSON, goal, "<=" or ">=" or "<")])
 BENCHMARKS = {
     "tokenize": ("bench_tokenize.py", "tokenize", [
-        ("fast tokenizer M tokens/s (warm)", ("tokens_per_s", "fast_warm"), 1.5e6, ">="),
-        ("fast / reference single-call", ("ratios", "fast_warm_vs_reference_single"), None, ""),
-        ("fast / reference batch", ("ratios", "fast_warm_vs_reference_batch"), None, ""),
-        ("chunking fast / reference", ("ratios", "chunking_fast_vs_reference"), None, ""),
+        ("C encoder M tokens/s, unseen text", ("tokens_per_s", "native_cold"), 1.5e6, ">="),
+        ("C encoder M tokens/s, warm cache", ("tokens_per_s", "native_warm"), 1.5e6, ">="),
+        ("C encoder / reference batch, unseen", ("ratios", "native_cold_vs_reference_batch"), None, ""),
+        ("chunking C encoder / reference", ("ratios", "chunking_native_vs_reference"), None, ""),
+        ("numpy path (no compiler) M tokens/s, unseen", ("tokens_per_s", "fast_cold"), None, ""),
     ]),
     "linear": ("bench_linear.py", "linear", [
         ("per-token time long / short", ("ratio_long_vs_short",), 1.10, "<="),
@@ -104,7 +105,11 @@ def main(argv=None) -> int:
             continue
         data = json.loads((RESULTS / f"{stem}{'.smoke' if args.smoke else ''}.json").read_text())
         for label, path, goal, op in metrics:
-            value = dig(data, path)
+            try:
+                value = dig(data, path)
+            except (KeyError, TypeError):  # e.g. no C compiler: the C encoder's rows are absent
+                rows.append((name, label, "(absent)", "", "", f"{seconds:.0f}"))
+                continue
             shown = f"{value / 1e6:.3f}" if "M tokens/s" in label else f"{value:.3f}"
             goal_s = "" if goal is None else f"{op} {goal / 1e6 if 'M tokens/s' in label else goal:g}"
             rows.append((name, label, shown, goal_s, verdict(value, goal, op), f"{seconds:.0f}"))

@@ -97,8 +97,9 @@ class _Prefetch:
     chunk's HTTP call costs in Python; with 256 documents in flight one hop per chunk was a third of our
     overhead (benchmarks/bench_overhead.py). So each hop takes chunks until ~PREFETCH_TOKENS tokens or
     the document's end: a short document is one hop, a long one holds at most that much text ahead.
-    A tokenizer whose work holds the GIL anyway (memagent.fasttok: `tokenize_in_thread = False`) runs
-    inline: a thread would only add the hand-off latency (up to the 5 ms switch interval per hop).
+    A tokenizer that says `tokenize_in_thread = False` runs inline: memagent.fasttok holds the GIL
+    anyway, and memagent.nativebpe is so fast that the hand-off (up to the 5 ms switch interval per
+    hop) costs about what it would hide.
     """
 
     PREFETCH_TOKENS = 32_768

@@ -40,7 +40,8 @@ def test_overhead_smoke():
 def test_tokenize_smoke():
     run("bench_tokenize.py", "--smoke", "--repeats", "1")
     data = result("tokenize")
-    assert data["verified"]["tokens"] > 50_000 and data["verified"]["special_tokens_fallback_ok"]
+    for kind, checked in data["verified"].items():  # "fast" always; "native" where a C compiler is found
+        assert checked["tokens"] > 50_000 and checked["special_tokens_fallback_ok"], kind
 
 
 def test_memory_smoke():

@@ -58,13 +58,16 @@ def resolve_tokenizer(kind: str, model: str | None, spec: str | None, warn=print
 
 
 def fast(tokenizer: Tokenizer) -> Tokenizer:
-    """`tokenizer` behind memagent.fasttok's piece cache when it is a byte-level BPE (same ids and offsets,
-    3-7x faster on long documents: benchmarks/bench_tokenize.py); MEMAGENT_FAST_TOKENIZER=0 turns it off."""
+    """The fastest exact stand-in for `tokenizer` when it is a byte-level BPE (same ids and offsets):
+    the C encoder (memagent.nativebpe, ~20x the reference), else memagent.fasttok's numpy piece cache
+    (3-5x) where no C compiler is found; benchmarks/bench_tokenize.py measures all three.
+    MEMAGENT_FAST_TOKENIZER=0 turns both off; MEMAGENT_NATIVE=0 only the C encoder."""
     if os.environ.get("MEMAGENT_FAST_TOKENIZER", "1") == "0" or not isinstance(tokenizer, HFTokenizer):
         return tokenizer
     from ..fasttok import FastBPETokenizer
+    from ..nativebpe import NativeBPETokenizer
 
-    return FastBPETokenizer.wrap(tokenizer)
+    return NativeBPETokenizer.wrap(tokenizer) or FastBPETokenizer.wrap(tokenizer)
 
 
 __all__ = ["make_backend", "resolve_tokenizer", "KINDS", "TokenizerError"]
