@@ -459,14 +459,20 @@ def _seed_path(reference):
 
     from .models import cache_root
 
+    ident = file_identity(reference) or reference._tok.to_str()
+    key = hashlib.sha256(f"{SEED_FORMAT}|{CHECKED_VERSIONS}|{ident}".encode()).hexdigest()[:20]
+    return cache_root() / "fasttok" / f"seed-{key}.npz"
+
+
+def file_identity(reference) -> str | None:
+    """The tokenizer file's path, size and mtime (cheap to read, changes when the file does); None when
+    the tokenizer was not loaded from a file."""
     file = Path(str(reference.name))
     try:
         st = file.stat()
-        ident = f"{file.resolve()}|{st.st_size}|{st.st_mtime_ns}"
     except OSError:
-        ident = reference._tok.to_str()
-    key = hashlib.sha256(f"{SEED_FORMAT}|{CHECKED_VERSIONS}|{ident}".encode()).hexdigest()[:20]
-    return cache_root() / "fasttok" / f"seed-{key}.npz"
+        return None
+    return f"{file.resolve()}|{st.st_size}|{st.st_mtime_ns}"
 
 
 def _byte_decoder() -> dict[str, int]:

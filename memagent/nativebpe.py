@@ -27,7 +27,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from .fasttok import CHECKED_VERSIONS, UNICODE_MISMATCH, Unsupported, _byte_decoder, check_structure
+from .fasttok import CHECKED_VERSIONS, UNICODE_MISMATCH, Unsupported, _byte_decoder, check_structure, file_identity
 
 SOURCE = Path(__file__).resolve().parent / "native" / "bpe.c"
 MODULE = "memagent_bpe"  # must match PyInit_memagent_bpe in the C file
@@ -158,11 +158,8 @@ _TABLES: dict[str, tuple[bytes, bytes]] = {}
 def _tables_of(reference) -> tuple[bytes, bytes]:
     """bpe_tables, kept per tokenizer file for the process: serialising and parsing the tokenizer
     costs ~0.2 s, and every reader, eval job and benchmark run builds its own tokenizer object."""
-    file = Path(str(reference.name))
-    try:
-        st = file.stat()
-        ident = f"{file.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    except OSError:
+    ident = file_identity(reference)
+    if ident is None:
         return bpe_tables(reference._tok)  # not from a file: nothing stable to key it by
     if ident not in _TABLES:
         _TABLES[ident] = bpe_tables(reference._tok)
