@@ -477,7 +477,8 @@ static int Encoder_init(Encoder *e, PyObject *args, PyObject *kw) {
         if (e->merges[i].key) continue; /* a repeated pair: the first (best) rank wins, as in the reference */
         e->merges[i].key = key; e->merges[i].rank = (int32_t)r; e->merges[i].new_id = t[3 * r + 2];
     }
-    e->max_entries = max_entries > 0 ? (size_t)max_entries : 1;
+    /* offsets into the key and token arenas are 32-bit: 4M pieces of at most 256 bytes stay under 2^32 */
+    e->max_entries = max_entries < 1 ? 1 : max_entries > (1 << 22) ? (size_t)1 << 22 : (size_t)max_entries;
     if (!(e->lock = PyThread_allocate_lock())) { PyErr_NoMemory(); goto done; }
     rc = 0;
 done:
