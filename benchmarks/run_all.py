@@ -39,6 +39,7 @@ BENCHMARKS = {
     "overhead": ("bench_overhead.py", "overhead", [
         ("ours / bare client (end to end)", ("ratio_ours_vs_bare",), 1.15, "<="),
         ("ours pretokenized / bare client", ("ratio_pretokenized_vs_bare",), 1.15, "<="),
+        ("ours / the openai SDK's raw post (end to end)", ("ratio_ours_vs_bare_sdk",), None, ""),
         ("chunk-requests per second", ("chunk_requests_per_s",), None, ""),
     ]),
     "memory": ("bench_memory.py", "memory_chunks", [
