@@ -3,7 +3,7 @@
 Why compile at first use rather than at install: memagent installs as pure Python (editable or from a
 wheel) and must keep working on a machine with no C compiler. Here the source is compiled once per
 (source, Python, platform) into the cache folder with whatever `cc` the machine has, and loaded from
-there; without a compiler, or with MEMAGENT_NATIVE=0, `NativeBPETokenizer.wrap` returns None and
+there (Linux and macOS); without a compiler, on Windows, or with MEMAGENT_NATIVE=0, `NativeBPETokenizer.wrap` returns None and
 memagent.fasttok's numpy path is used instead. The build takes ~2 s and only the standard C library.
 
 Why it stays exact: it accepts only the tokenizer shape fasttok accepts (plain GPT-2 ByteLevel split, a
@@ -46,14 +46,21 @@ def load_module():
         return None
     from .models import cache_root
 
+    if sys.platform == "win32":
+        build_error = "not built on Windows (the numpy path is used)"
+        return None
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     include = sysconfig.get_paths()["include"]
-    key = hashlib.sha256(SOURCE.read_bytes() + f"|{sys.version}|{platform.machine()}|{include}".encode())
-    path = cache_root() / "native" / f"{MODULE}-{key.hexdigest()[:16]}{suffix}"
-    if not path.exists():
-        build_error = _build(path, include)
-        if build_error:
-            return None
+    try:
+        key = hashlib.sha256(SOURCE.read_bytes() + f"|{sys.version}|{platform.machine()}|{include}".encode())
+        path = cache_root() / "native" / f"{MODULE}-{key.hexdigest()[:16]}{suffix}"
+        if not path.exists():
+            build_error = _build(path, include)
+            if build_error:
+                return None
+    except OSError as e:  # the source not shipped, or a cache folder we cannot write
+        build_error = f"{type(e).__name__}: {e}"
+        return None
     try:
         spec = importlib.util.spec_from_file_location(MODULE, path)
         module = importlib.util.module_from_spec(spec)
@@ -75,7 +82,8 @@ def _build(path: Path, include: str) -> str | None:
         return f"no Python.h in {include} (install the Python development headers)"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    cmd = [*cc.split(), "-O3", "-shared", "-fPIC", f"-I{include}", str(SOURCE), "-o", str(tmp)]
+    link = ["-undefined", "dynamic_lookup"] if sys.platform == "darwin" else []  # symbols from the interpreter
+    cmd = [*cc.split(), "-O3", "-shared", "-fPIC", *link, f"-I{include}", str(SOURCE), "-o", str(tmp)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -205,3 +205,20 @@ def test_fresh_build_loads(tmp_path, monkeypatch):
         assert list((tmp_path / "native").glob("memagent_bpe-*")) and hasattr(module, "Encoder")
     finally:
         nativebpe.load_module.cache_clear()
+
+
+def test_unwritable_cache_falls_back(ref, tmp_path, monkeypatch):
+    """A cache folder that cannot be created is a reason to use the numpy path, not a crash."""
+    from memagent.backends import fast
+    from memagent.fasttok import FastBPETokenizer
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("MEMAGENT_CACHE", str(blocker / "cache"))
+    nativebpe.load_module.cache_clear()
+    try:
+        assert nativebpe.load_module() is None and "Error" in nativebpe.build_error
+        assert isinstance(fast(ref), FastBPETokenizer)
+    finally:
+        nativebpe.load_module.cache_clear()
+        monkeypatch.undo()
