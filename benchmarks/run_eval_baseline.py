@@ -10,7 +10,7 @@ the CPU shared by 6 other processes, ~3x less alone):
   need 256 sequential updates per 128K sample, hours on this CPU), and direct.
 - NIAH single_1/multikey_1 at 8K..128K with the lexical skip gate (chunk 512, n=4): most chunks cost
   no call, so this larger n fits.
-- The crossover: niah_single_1 at 4K, 8K, 16K (around SmolLM2's 8K window), memagent (chunk 512) vs
+- The crossover: niah_single_1 at 4K, 8K, 16K, 32K (around SmolLM2's 8K window), memagent (chunk 512) vs
   direct, n=8 each, seconds side by side.
 Outputs: benchmarks/results/eval_<job>.json (the run's summary + command, date, machine, threads),
 benchmarks/results/eval_ruler_hotpotqa.png and eval_niah.png (one line per run), and the per-sample
@@ -53,9 +53,9 @@ JOBS = {
     "niah-memagent-skip": ["--task", "niah_single_1,niah_multikey_1", "--lengths", NIAH_LENGTHS, "--n", "4",
                            "--method", "memagent", "--skip-update", "lexical"],
     # where memagent and direct cross on the same model: around the 8K window, n=4, default settings
-    "crossover-memagent": ["--task", "niah_single_1", "--lengths", "4096,8192,16384", "--n", "8",
+    "crossover-memagent": ["--task", "niah_single_1", "--lengths", "4096,8192,16384,32768", "--n", "8",
                            "--method", "memagent"],
-    "crossover-direct": ["--task", "niah_single_1", "--lengths", "4096,8192,16384", "--n", "8",
+    "crossover-direct": ["--task", "niah_single_1", "--lengths", "4096,8192,16384,32768", "--n", "8",
                          "--method", "direct"],
 }
 FIGURES = {"eval_ruler_hotpotqa.png": ["hotpotqa-memagent", "hotpotqa-direct"],
