@@ -102,8 +102,7 @@ class FastBPETokenizer:
         # A set, not a regex class: `isdisjoint` scans a segment in C at dict speed, where a 50-range
         # character class costs more than the whole split.
         self._unsafe = frozenset(chr(c) for a, b in [*UNICODE_MISMATCH, (0xD800, 0xDFFF)] for c in range(a, b + 1))
-        added = [t.content for t in self._tok.get_added_tokens_decoder().values()]
-        self._added = re.compile("|".join(map(re.escape, sorted(added, key=len, reverse=True)))).search if added else None
+        self._added = added_token_search(self._tok)
         self._boundary = re.compile(r"[\x00-\x08\x0e-\x1f\x21-\x7f][\t\n\x0b\x0c\r ]").search
         self._lock = threading.Lock()
         self._seed_rows = None
@@ -462,6 +461,15 @@ def _seed_path(reference):
     ident = file_identity(reference) or reference._tok.to_str()
     key = hashlib.sha256(f"{SEED_FORMAT}|{CHECKED_VERSIONS}|{ident}".encode()).hexdigest()[:20]
     return cache_root() / "fasttok" / f"seed-{key}.npz"
+
+
+def added_token_search(tok):
+    """A search for the tokenizer's added tokens (`<|im_start|>` ...), or None when it has none: the
+    reference cuts them out before splitting, so a text holding one must go to the reference."""
+    added = [t.content for t in tok.get_added_tokens_decoder().values()]
+    if not added:
+        return None
+    return re.compile("|".join(map(re.escape, sorted(added, key=len, reverse=True)))).search
 
 
 def file_identity(reference) -> str | None:

@@ -27,7 +27,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from .fasttok import CHECKED_VERSIONS, UNICODE_MISMATCH, Unsupported, _byte_decoder, check_structure, file_identity
+from .fasttok import (CHECKED_VERSIONS, UNICODE_MISMATCH, Unsupported, _byte_decoder, added_token_search,
+                      check_structure, file_identity)
 
 SOURCE = Path(__file__).resolve().parent / "native" / "bpe.c"
 MODULE = "memagent_bpe"  # must match PyInit_memagent_bpe in the C file
@@ -67,7 +68,10 @@ def load_module():
         spec.loader.exec_module(module)
     except ImportError as e:  # a half-written or foreign file: rebuild next time
         build_error = f"cannot load {path}: {e}"
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)  # rebuilt next time
+        except OSError:
+            pass
         return None
     build_error = None
     return module
@@ -193,16 +197,13 @@ class NativeBPETokenizer:
     tokenize_in_thread = False
 
     def __init__(self, reference, max_entries: int = 1 << 20):
-        import re
-
         module = load_module()
         if module is None:
             raise Unsupported(f"the C encoder is not available: {build_error}")
         check_model(reference._tok)
         self.ref, self.name = reference, reference.name
         self._enc = module.Encoder(*_tables_of(reference), class_table(), max_entries)
-        added = [t.content for t in reference._tok.get_added_tokens_decoder().values()]
-        self._added = re.compile("|".join(map(re.escape, sorted(added, key=len, reverse=True)))).search if added else None
+        self._added = added_token_search(reference._tok)
         self.stats = {"native": 0, "fallback": 0}
 
     @classmethod

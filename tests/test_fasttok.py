@@ -9,18 +9,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from memagent import models  # noqa: E402
 from memagent.tokenizer import HFTokenizer  # noqa: E402
 
 fasttok = pytest.importorskip("memagent.fasttok")
 
 
 @pytest.fixture(scope="module")
-def ref():
-    path = models.tokenizer_path("smollm2-135m")
-    if not Path(path).is_file():
-        pytest.skip("SmolLM2 tokenizer not cached")
-    return HFTokenizer.from_file(path)
+def ref(smol_tokenizer):
+    return smol_tokenizer  # conftest: SmolLM2's real tokenizer, the reference
 
 
 @pytest.fixture(autouse=True)
