@@ -10,10 +10,11 @@ gives back the document byte for byte.
 from __future__ import annotations
 
 import codecs
+import errno
 import hashlib
 import io
-
-import sys
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable, Iterator
@@ -53,64 +54,149 @@ class _ReplaceCounter:
 
 
 class Document:
-    """A source of text blocks. `size` is in bytes when known (files), for progress and ETA."""
+    """A source of text blocks. `size` is in bytes when known (files), for progress and ETA.
 
-    def __init__(self, name: str, opener, size: int | None):
+    `path`: the file, when it is one (so a trace or state file can be refused when it is the document);
+    `blocking`: a pipe, FIFO or terminal whose reads may wait forever for a writer (the driver reads it
+    in a daemon thread, so Ctrl-C is never stuck behind it). Chunking itself takes any text, blank too;
+    `refuse_blank` makes blocks() refuse a document of only whitespace (the driver sets it)."""
+
+    def __init__(self, name: str, opener, size: int | None, path: Path | None = None, blocking: bool = False):
         self.name, self._opener, self.size = name, opener, size
+        self.path, self.blocking = path, blocking
+        self.blank = False  # a regular file found to hold only whitespace (by the prescan)
+        self.refuse_blank = False  # set by a reader that would spend model calls on blank text
         self.invalid_utf8 = 0  # number of invalid byte sequences replaced with U+FFFD
         self.bytes_read = 0
 
     def blocks(self, block_chars: int = BLOCK_CHARS) -> Iterator[str]:
+        """Decoded text blocks. Refused on the way: NUL bytes anywhere (binary), lone surrogates in a
+        str, an empty document, and (with `refuse_blank`) one of only whitespace: leading whitespace-only
+        blocks are held back until real text arrives, so such a document costs no model call."""
         counter = _ReplaceCounter()
         handler = f"memagent-replace-{id(counter)}"
         codecs.register_error(handler, counter)
-        decoder = codecs.getincrementaldecoder("utf-8")(errors=handler)
-        first, any_text = True, False
+        decoder = None
+        any_text, content, held, offset = False, False, [], 0
         with self._opener() as f:
             while True:
                 raw = f.read(block_chars)
                 if isinstance(raw, str):  # text stream (StringIO)
                     text, raw_len = raw, len(raw)
+                    _check_unicode(self.name, text, offset)
                 else:
-                    if first and b"\x00" in raw[:8192]:
-                        raise DocumentError(f"{self.name}: looks like a binary file (NUL bytes); give a text document")
+                    if decoder is None:
+                        utf16 = raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+                        decoder = codecs.getincrementaldecoder("utf-16" if utf16 else "utf-8")(errors=handler)
+                    nul = -1 if utf16 else raw.find(b"\x00")
+                    if nul >= 0:
+                        raise DocumentError(f"{self.name}: looks like a binary file (NUL byte at offset "
+                                            f"{offset + nul}); give a text document")
                     text, raw_len = decoder.decode(raw, final=not raw), len(raw)
-                first = False
+                    if utf16 and "\x00" in text:
+                        raise DocumentError(f"{self.name}: looks like a binary file (NUL characters in UTF-16 "
+                                            f"text); give a text document")
+                offset += raw_len
                 self.bytes_read += raw_len
                 self.invalid_utf8 = counter.count
                 if text:
                     any_text = True
-                    yield text
+                    if content:
+                        yield text
+                    elif text.strip():
+                        content = True
+                        yield from held
+                        held = []
+                        yield text
+                    else:
+                        held.append(text)
                 if not raw:
                     break
         if not any_text:
             raise DocumentError(f"{self.name}: the document is empty")
+        if not content and self.refuse_blank:
+            raise DocumentError(f"{self.name}: the document holds only whitespace")
+        yield from held
+
+
+def _check_unicode(name: str, text: str, offset: int) -> None:
+    """A str from the Python API may hold lone surrogates, which no tokenizer or file can take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DocumentError(f"{name}: not valid Unicode text (lone surrogate U+{ord(text[e.start]):04X} at "
+                            f"character {offset + e.start})") from None
+
+
+def _prescan(p: Path, name: str, size: int) -> bool:
+    """A regular file is checked whole before any model call: NUL bytes anywhere mean binary (a binary
+    file whose first NUL comes late would otherwise cost calls first). Returns whether it holds only
+    whitespace. Read in 1 MB blocks (~1 GB/s from the page cache; no mmap, which would count the whole
+    file in the process's peak RSS). UTF-16 (with a BOM) is decoded, so not scanned here."""
+    import re
+
+    if size == 0:  # empty, or a file that only reads as text (/proc): blocks() decides
+        return False
+    blank, offset = True, 0
+    with open(p, "rb") as f:
+        while block := f.read(1 << 20):
+            if offset == 0 and block[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+                return False
+            nul = block.find(b"\x00")
+            if nul >= 0:
+                raise DocumentError(f"{name}: looks like a binary file (NUL byte at offset {offset + nul}); "
+                                    f"give a text document")
+            blank = blank and re.search(rb"\S", block) is None
+            offset += len(block)
+    return blank
+
+
+def _is_blocking(f) -> bool:
+    """A stream backed by a pipe, FIFO, socket or terminal (reads may wait); in-memory streams are not."""
+    try:
+        return not stat.S_ISREG(os.fstat(f.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
 
 
 def open_document(src) -> Document:
-    """A `pathlib.Path` (a file), '-' (stdin), a binary/text stream, a `Document`, or text (any other str).
+    """A `pathlib.Path` (a file), a binary/text stream (e.g. `sys.stdin.buffer`), a `Document`, or text
+    (any str).
 
-    A str is always document text, never guessed to be a path: a document whose whole text happens to
-    name an existing file ("/", "notes.txt") must not be read from disk instead.
+    A str is always document text, never guessed to be a path or stdin: a document whose whole text
+    happens to name an existing file ("/", "notes.txt") or be "-" must not be read from elsewhere. The
+    CLI's "-" reaches here as `sys.stdin.buffer`.
+
+    A path is checked without opening it when it is not a regular file: opening a FIFO to check it would
+    take the writer's data.
     """
     if isinstance(src, Document):
         return src
-    if src == "-":
-        return Document("<stdin>", lambda: _NoClose(sys.stdin.buffer), None)
-    if isinstance(src, (io.TextIOBase, io.BufferedIOBase)):
-        return Document(getattr(src, "name", "<stream>"), lambda: _NoClose(src), None)
+    if isinstance(src, (io.TextIOBase, io.BufferedIOBase, io.RawIOBase)):
+        name = getattr(src, "name", "<stream>")
+        return Document(name if isinstance(name, str) else "<stream>", lambda: _NoClose(src), None,
+                        blocking=_is_blocking(src))
     if isinstance(src, Path):
         p = Path(src)
-        if p.is_dir():
-            raise DocumentError(f"{p}: is a directory, not a document")
-        if not p.exists():
-            raise DocumentError(f"{p}: no such file")
         try:
-            size = p.stat().st_size
-            open(p, "rb").close()
+            st = p.stat()
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise DocumentError(f"{p}: a symbolic link loop, not a document") from None
+            if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                raise DocumentError(f"{p}: no such file") from None
+            raise DocumentError(f"{p}: cannot read ({e.strerror})") from None
+        if stat.S_ISDIR(st.st_mode):
+            raise DocumentError(f"{p}: is a directory, not a document")
+        if not stat.S_ISREG(st.st_mode):  # FIFO, character device, socket: opened once, when read
+            return Document(str(p), lambda: open(p, "rb"), None, path=p, blocking=True)
+        try:
+            blank = _prescan(p, str(p), st.st_size)
         except OSError as e:
             raise DocumentError(f"{p}: cannot read ({e.strerror})") from None
-        return Document(str(p), lambda: open(p, "rb"), size)
+        document = Document(str(p), lambda: open(p, "rb"), st.st_size, path=p)
+        document.blank = blank
+        return document
     if isinstance(src, str):
         data = src
         return Document("<text>", lambda: io.StringIO(data), len(data))

@@ -33,12 +33,23 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     """Backend options shared by ask / eval / serve."""
     p.add_argument("--backend", default="embedded", choices=["embedded", "openai", "instant"],
                    help="embedded: offline model from PyPI (default); openai: any OpenAI-compatible server")
-    p.add_argument("--model", default=None, help="embedded: registry name or HF folder; openai: served model name")
-    p.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL"), help="e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", default=None, help="embedded: registry name or HF folder (default: smollm2-135m); "
+                                                 "openai: served model name (default: the server's first model)")
+    p.add_argument("--base-url", action="append", default=None,
+                   help="e.g. http://127.0.0.1:8000/v1 (default $OPENAI_BASE_URL); give it several times for a "
+                        "pool of replicas: each document stays on one, a dead one's documents move to another")
+    p.add_argument("--base-url-file", default=None,
+                   help="openai: a file of server URLs, one a line (a pool; default: none)")
     p.add_argument("--api-key", default=None, help="default: $OPENAI_API_KEY (never written to traces or results)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer.json, HF folder, .gguf or cl100k_base (openai backend)")
-    p.add_argument("--threads", type=int, default=None, help="embedded: torch threads (default: all cores)")
-    p.add_argument("--concurrency", type=int, default=None, help="openai: requests in flight at most")
+    p.add_argument("--tokenizer", default=None, help="openai: tokenizer.json, HF folder, .gguf or cl100k_base "
+                                                     "(default: cl100k_base, approximate, with a warning)")
+    p.add_argument("--threads", type=int, default=None, help="embedded: threads (default: all cores)")
+    p.add_argument("--engine", default=None, choices=["torch", "llama.cpp"],
+                   help="embedded: runtime; llama.cpp runs the Q4 GGUF as is via xllamacpp (docs/engines.md) "
+                        "(default: torch)")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="openai: requests in flight at most (default 64; eval: samples in flight, default 4 "
+                        "embedded, 16 openai)")
     p.add_argument("--timeout", type=float, default=None, help="openai: seconds per request (default 120)")
     p.add_argument("--max-retries", type=int, default=None, help="openai: retries on 5xx/429/timeouts (default 5)")
 
@@ -72,18 +83,23 @@ def backend_from_args(args):
     if args.backend == "embedded":
         name = args.model or models.DEFAULT_MODEL
         spec = models.MODELS.get(name)
-        if spec is None and not os.path.isdir(name):
-            raise models.ModelError(f"unknown model {name!r}; known: {', '.join(models.MODELS)} or an HF folder")
+        engine = getattr(args, "engine", None) or "torch"
+        gguf_file = engine == "llama.cpp" and name.endswith(".gguf") and os.path.isfile(name)
+        if spec is None and not os.path.isdir(name) and not gguf_file:
+            raise models.ModelError(f"unknown model {name!r}; known: {', '.join(models.MODELS)} or an HF folder"
+                                    f"{' (or a .gguf file)' if engine == 'llama.cpp' else ''}")
         if args.tokenizer:
             raise ValueError("--tokenizer is for server backends; the embedded model always uses its own tokenizer")
-        tokenizer = resolve_tokenizer("embedded", name, None)
+        tokenizer = resolve_tokenizer("embedded", name, name if gguf_file else None)
         kw = {"threads": args.threads} if args.threads else {}
-        backend = make_backend("embedded", model=name, **kw)
+        backend = make_backend("embedded", model=name, engine=engine, **kw)
     else:
         tokenizer = resolve_tokenizer(args.backend, args.model, args.tokenizer, warn=print)
         kw = {k: getattr(args, k) for k in ("concurrency", "timeout", "max_retries")
               if getattr(args, k, None) is not None and args.backend == "openai"}
-        backend = make_backend(args.backend, model=args.model, base_url=args.base_url, api_key=args.api_key, **kw)
+        urls = args.base_url or ([os.environ["OPENAI_BASE_URL"]] if os.environ.get("OPENAI_BASE_URL") else None)
+        backend = make_backend(args.backend, model=args.model, base_url=urls, api_key=args.api_key,
+                               base_url_file=getattr(args, "base_url_file", None), **kw)
     return backend, tokenizer, spec
 
 
@@ -113,17 +129,13 @@ def check_window(agent, spec, questions: list[str]) -> None:
                          f"prompt need ~{need} tokens, more than {spec.name}'s window of {spec.context_window}")
 
 
-def _progress(document_size: int | None):
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-
-    cols = [TextColumn("[bold]reading"), BarColumn(), TextColumn("{task.fields[chunks]} chunks"),
-            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
-    if document_size is None:
-        cols = [TextColumn("[bold]reading"), TextColumn("{task.fields[chunks]} chunks"), TimeElapsedColumn()]
-    bar = Progress(*cols, transient=True, console=None, disable=not sys.stderr.isatty())
-    task = bar.add_task("read", total=document_size, chunks=0)
-    return bar, task
+def refuse_file_questions(doc: str, questions: list[str]) -> None:
+    """`ask` reads one document. `ask a.txt b.txt "Q?"` would otherwise ask "b.txt" as a question and
+    never read b.txt, so a question that is the path of an existing file (and has no space) is refused."""
+    for q in questions:
+        if " " not in q.strip() and os.path.isfile(q.strip()):
+            raise ValueError(f"{q!r} is a file, but ask reads one document ({doc}) and takes the rest as "
+                             f"questions; run ask once per document")
 
 
 def cmd_ask(args) -> int:
@@ -131,12 +143,17 @@ def cmd_ask(args) -> int:
     from .driver import MemoryAgent
     from .prompts import load_template
 
+    from . import checks
+
     questions = [q for q in args.questions]
     if not questions:
         raise ValueError("give at least one question")
     for q in questions:
         if not q.strip():
             raise ValueError("a question is empty")
+    checks.questions(questions)
+    checks.cli_numbers(args)
+    refuse_file_questions(args.doc, questions)
     if args.api_key is None:
         args.api_key = os.environ.get("OPENAI_API_KEY")
     from . import models
@@ -145,27 +162,28 @@ def cmd_ask(args) -> int:
     chunk, memory, template = reading_defaults(args, spec)
     template = load_template(template)  # bad template or document: fail before loading any model
     check_gates(args, template)
-    document = open_document(args.doc if args.doc == "-" else Path(args.doc))
+    # "-" is stdin here only: the Python API takes any str as text (memagent.chunking.open_document)
+    document = open_document(sys.stdin.buffer if args.doc == "-" else Path(args.doc))
     backend, tokenizer, spec = backend_from_args(args)
     agent = MemoryAgent(backend, tokenizer, template=template, chunk_tokens=chunk, memory_tokens=memory,
                         answer_tokens=args.answer_tokens, temperature=args.temperature, seed=args.seed,
                         skip_update=args.skip_update, early_exit=args.early_exit)
     check_window(agent, spec, questions)
-    bar, task = _progress(document.size)
-    n = {"chunks": 0}
+    from .progress import CallCounter, ReadProgress, estimate_chunks
 
-    def on_chunk(c, read):
-        n["chunks"] += 1
-        bar.update(task, completed=read if document.size else None, chunks=n["chunks"])
+    # progress in finished model calls, projected from the file's size (memagent/progress.py)
+    progress = ReadProgress(len(questions), estimate_chunks(None if args.doc == "-" else args.doc, tokenizer, chunk))
+    agent.backend = CallCounter(backend, progress)
 
     async def run():
         try:
-            return await agent.aread(document, questions, trace=args.trace, state=args.state, progress=on_chunk)
+            return await agent.aread(document, questions, trace=args.trace, state=args.state,
+                                     progress=progress.chunk_done)
         finally:
             await backend.aclose()
 
     t0 = time.perf_counter()
-    with bar:
+    with progress:
         answers = asyncio.run(run())
     failed = 0
     for a in answers:
@@ -189,9 +207,22 @@ def cmd_ask(args) -> int:
 def cmd_models(args) -> int:
     from . import models
 
+    if args.card:
+        try:
+            spec = models.get_spec(args.card)
+        except models.ModelError as e:
+            print(f"memagent models: error: {e}", file=sys.stderr)
+            return 2
+        if not spec.card:
+            print(f"{spec.name}: {spec.description}\n(no model card: an untrained base from PyPI)")
+            return 0
+        print(models.card_text(spec))
+        return 0
     for name, spec in models.MODELS.items():
         try:
             where = str(models.gguf_path(name)) if args.verify else "(not checked; use --verify)"
+            if args.verify and spec.adapter:
+                where += f"\n  adapter {models.verify_adapter(spec)} (sha256 ok)"
         except models.ModelError as e:
             where = f"not installed: {e}"
         default = " (default)" if name == models.DEFAULT_MODEL else ""
@@ -203,43 +234,61 @@ def cmd_models(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="memagent", description="Read documents of any length through a small memory.")
+    from .clihelp import Parser, add_unavailable, reading_help, version
+
+    p = Parser(prog="memagent", description="Read documents of any length through a small memory.")
+    p.add_argument("--version", action="version", version=f"memagent {version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    a = sub.add_parser("ask", help="answer questions about a document (DOC may be '-' for stdin)",
+    a = sub.add_parser("ask", help="answer questions about one document (DOC may be '-' for stdin)",
+                       description="Read DOC once, chunk by chunk, through a small memory per question, then "
+                                   "answer each QUESTION from its memory. Runs the embedded offline model by "
+                                   "default; --backend openai --base-url URL uses any OpenAI-compatible server.",
                        epilog="Fewer calls: --skip-update lexical skips chunks without the question's key terms, "
                               "--early-exit marker stops once the model marks its memory as answering; both off "
                               "by default (measured: benchmarks/bench_gates.py, README 'Performance').")
-    a.add_argument("doc")
-    a.add_argument("questions", nargs="+", metavar="QUESTION")
+    a.add_argument("doc", help="one document: a text file, or '-' for stdin")
+    a.add_argument("questions", nargs="+", metavar="QUESTION",
+                   help="one or more questions, answered in one pass; a QUESTION that names an existing file is "
+                        "refused (ask reads one document: run it once per document)")
     add_backend_args(a)
-    a.add_argument("--chunk-tokens", type=int, default=None, help="tokens per chunk (server default 5000)")
-    a.add_argument("--memory-tokens", type=int, default=None, help="memory cap in tokens (server default 1024)")
-    a.add_argument("--answer-tokens", type=int, default=256)
-    a.add_argument("--template", default=None, help="built-in name (notes, memagent) or a .toml/.json file")
-    a.add_argument("--temperature", type=float, default=0.0)
-    a.add_argument("--seed", type=int, default=None)
-    a.add_argument("--trace", default=None, help="append one JSON line per model call to this file")
-    a.add_argument("--state", default=None, help="save memory after every chunk here; rerun to resume")
+    a.add_argument("--chunk-tokens", type=int, default=None, help=f"tokens per chunk ({reading_help('chunk')})")
+    a.add_argument("--memory-tokens", type=int, default=None, help=f"memory cap in tokens ({reading_help('memory')})")
+    a.add_argument("--answer-tokens", type=int, default=256, help="token limit of the final answer")
+    a.add_argument("--template", default=None, help="built-in name (notes, memagent) or a .toml/.json file "
+                                                    f"({reading_help('template')})")
+    a.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    a.add_argument("--seed", type=int, default=None, help="sampling seed (default: none; greedy needs none)")
+    a.add_argument("--trace", default=None, help="append one JSON line per model call to this file (default: none)")
+    a.add_argument("--state", default=None, help="save memory after every chunk here; rerun to resume "
+                                                 "(default: not saved)")
     a.add_argument("--json", action="store_true", help="one JSON object per question on stdout")
     add_gate_args(a)
     a.set_defaults(func=cmd_ask)
 
     m = sub.add_parser("models", help="list the embedded models")
     m.add_argument("--verify", action="store_true", help="check installed files and sha256")
-    m.add_argument("--prepare", metavar="NAME", help="convert NAME to an HF folder now (cached)")
+    m.add_argument("--prepare", metavar="NAME", help="convert NAME to an HF folder now (cached; default: none)")
+    m.add_argument("--card", metavar="NAME", help="print NAME's model card: base, data, training stages, "
+                                                  "before/after numbers (default: none)")
     m.set_defaults(func=cmd_models)
 
-    for mod in ("memagent.eval", "memagent.rl.trainer", "memagent.server.router"):
+    for mod, name in (("memagent.eval", "eval"), ("memagent.rl.trainer", "train"), ("memagent.rl.sft", "sft"),
+                      ("memagent.server.router", "serve")):
         try:
             importlib.import_module(mod).add_parser(sub)
-        except (ImportError, AttributeError):
-            continue
+        except (ImportError, AttributeError) as e:  # listed all the same; running it says why
+            if name not in sub.choices:
+                add_unavailable(sub, name, mod, e)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .redact import register, scrub
+
     args = build_parser().parse_args(argv)
+    for key in (getattr(args, "api_key", None), os.environ.get("OPENAI_API_KEY")):
+        register(key)  # scrubbed from every line and file this run writes (memagent/redact.py)
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:
@@ -249,12 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     except _user_errors() as e:
         if os.environ.get("MEMAGENT_DEBUG"):
             raise
-        print(f"memagent: error: {e}", file=sys.stderr)
+        print(f"memagent: error: {scrub(str(e))}", file=sys.stderr)
         return 2
     except OSError as e:
         if os.environ.get("MEMAGENT_DEBUG"):
             raise
-        print(f"memagent: error: {e}", file=sys.stderr)
+        print(f"memagent: error: {scrub(str(e))}", file=sys.stderr)
         return 2
 
 

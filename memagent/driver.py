@@ -15,17 +15,24 @@ chunks; once every question still running has exited, the document is not read a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .chunking import Chunk, iter_chunks, open_document
+from .backends.pool import enter_document, leave_document
+from .chunking import Chunk, DocumentError, iter_chunks, open_document
 from .prompts import Template, load_template
 from .protocol import Backend, Generation
 from .reader import Reader, ReaderConfig, ReadState
+from .quality import memory_warnings
+from .redact import scrub
 from .state import StateFile
+from . import checks
+from .fileio import Appender, check_writable, exclusive, same_file
 from .tokenizer import Tokenizer
 
 
@@ -67,19 +74,89 @@ class Trace:
     """Appends one JSON line per model call; flushed each line so a crash loses nothing written."""
 
     def __init__(self, path: str | Path | None):
-        self.f = open(path, "a", encoding="utf-8") if path else None
+        # opened now (an unwritable path fails before any call); a torn last line is cut first, so the
+        # first line of a resumed run never glues onto it; a full disk is one line naming the file
+        self.out = Appender(path, "trace file") if path else None
+        self.f = self.out.f if self.out else None
 
     def write(self, **rec):
-        if self.f:
-            self.f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            self.f.flush()
+        if self.out:
+            self.out.write_line(json.dumps(rec, ensure_ascii=False))
 
     def close(self):
-        if self.f:
-            self.f.close()
+        if self.out:
+            self.out.close()
 
 
 ProgressHook = Callable[[Chunk, int], None]  # (chunk just finished, bytes of the document read so far)
+
+
+def rolling_digest(previous: str, chunk: Chunk) -> str:
+    """A digest of every chunk read so far, in order: what binds a state file to the document's text."""
+    return hashlib.sha256(f"{previous}:{chunk.digest}".encode()).hexdigest()[:32]
+
+
+def _check_outputs(document, trace, state) -> None:
+    """Refuse output files that would overwrite the document or each other, or that cannot be written,
+    before a model call is spent. (A Trace object passed in is the caller's own and is not checked.)"""
+    paths = [("--trace", trace)] if isinstance(trace, (str, Path)) else []
+    paths += [("--state", state)] if state else []
+    for flag, path in paths:
+        if document.path is not None and same_file(path, document.path):
+            raise ValueError(f"{flag} {path} is the document being read; choose another file")
+    if len(paths) == 2 and same_file(trace, state):
+        raise ValueError(f"--trace and --state are the same file ({state}); give two files")
+    if state:
+        check_writable(state, "state file")
+
+
+def _run_sync(coro):
+    """Run a coroutine to completion from synchronous code, also where an event loop already runs
+    (Jupyter, an async web app): there it runs on a fresh loop in a helper thread, since asyncio.run
+    refuses to nest. From async code, `await agent.aread(...)` is the direct way."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=target, name="memagent-sync", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+async def _in_daemon_thread(fn):
+    """`await fn()` run in a daemon thread of its own. For reads that may block forever (a FIFO with
+    no writer yet, a terminal): asyncio's default executor is joined at shutdown, so Ctrl-C would wait
+    on such a read; a daemon thread is left behind instead."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def settle(value, error):
+        if not fut.done():
+            fut.set_exception(error) if error is not None else fut.set_result(value)
+
+    def target():
+        try:
+            value, error = fn(), None
+        except BaseException as e:
+            value, error = None, e
+        try:
+            loop.call_soon_threadsafe(settle, value, error)
+        except RuntimeError:  # the loop is gone (interrupted): nobody waits any more
+            pass
+
+    threading.Thread(target=target, name="memagent-read", daemon=True).start()
+    return await fut
 
 
 async def _all(coros: list) -> None:
@@ -104,8 +181,8 @@ class _Prefetch:
 
     PREFETCH_TOKENS = 32_768
 
-    def __init__(self, chunks, chunk_tokens: int, in_thread: bool = True):
-        self._chunks, self._ready = chunks, []
+    def __init__(self, chunks, chunk_tokens: int, in_thread: bool = True, daemon: bool = False):
+        self._chunks, self._ready, self._daemon = chunks, [], daemon
         self._per_hop = max(1, self.PREFETCH_TOKENS // max(1, chunk_tokens))
         self._done, self._in_thread = False, in_thread
 
@@ -119,7 +196,10 @@ class _Prefetch:
 
     async def next(self) -> Chunk | None:
         if not self._ready and not self._done:
-            self._ready = await asyncio.to_thread(self._take) if self._in_thread else self._take()
+            if self._daemon:  # a pipe may block: never inline, never in the executor (see _in_daemon_thread)
+                self._ready = await _in_daemon_thread(self._take)
+            else:
+                self._ready = await asyncio.to_thread(self._take) if self._in_thread else self._take()
             self._done = not self._ready
         return self._ready.pop() if self._ready else None
 
@@ -135,8 +215,12 @@ class MemoryAgent:
                  chunk_tokens: int = 5000, memory_tokens: int = 1024, answer_tokens: int = 256,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                  reader_config: ReaderConfig | None = None, skip_update: str = "off", early_exit: str = "off"):
-        if chunk_tokens <= 0:
-            raise ValueError(f"chunk size must be a positive number of tokens, got {chunk_tokens}")
+        checks.positive_int("chunk_tokens", chunk_tokens)
+        if reader_config is None:
+            checks.positive_int("memory_tokens", memory_tokens)
+            checks.positive_int("answer_tokens", answer_tokens)
+            checks.finite("temperature", temperature, 0.0, 100.0)
+            checks.finite("top_p", top_p, 0.0, 1.0, strict=True)
         self.backend, self.tokenizer, self.chunk_tokens = backend, tokenizer, chunk_tokens
         self.template = load_template(template) if isinstance(template, str) else template
         cfg = reader_config or ReaderConfig(memory_tokens=memory_tokens, answer_tokens=answer_tokens,
@@ -146,14 +230,17 @@ class MemoryAgent:
 
     # ---- public API -------------------------------------------------------------------------------
     def ask(self, doc, question: str, **kw) -> Answer:
-        return asyncio.run(self.aread(doc, [question], **kw))[0]
+        """`doc`: a Path (a file), text (any str, "-" included), or a stream such as `sys.stdin.buffer`."""
+        if not isinstance(question, str):
+            raise TypeError(f"question must be a str, got {type(question).__name__} (ask_questions takes a list)")
+        return _run_sync(self.aread(doc, [question], **kw))[0]
 
     def ask_questions(self, doc, questions: list[str], **kw) -> list[Answer]:
-        return asyncio.run(self.aread(doc, questions, **kw))
+        return _run_sync(self.aread(doc, questions, **kw))
 
     def ask_many(self, items: list[tuple[object, list[str]]], concurrency: int = 16) -> list[list[Answer]]:
         """Several (document, questions) pairs read concurrently, answers in input order."""
-        return asyncio.run(self.aread_many(items, concurrency))
+        return _run_sync(self.aread_many(items, concurrency))
 
     async def aread_many(self, items, concurrency: int = 16) -> list[list[Answer]]:
         sem = asyncio.Semaphore(max(1, concurrency))
@@ -174,8 +261,27 @@ class MemoryAgent:
 
     async def aread(self, doc, questions: list[str], *, trace: str | Path | None = None,
                     state: str | Path | None = None, progress: ProgressHook | None = None) -> list[Answer]:
-        """Read `doc` once for all `questions`; returns one Answer per question, in order."""
+        """Read `doc` once for all `questions`; returns one Answer per question, in order.
+
+        Everything checkable is checked before the first model call: the questions, the output files
+        (writable, not the document, not each other) and the state file's lock (a second process on one
+        state file is refused instead of both writing it)."""
         document = open_document(doc)
+        questions = checks.questions(questions)
+        document.refuse_blank = True  # blank text would cost a call per chunk for nothing
+        if document.blank:
+            raise DocumentError(f"{document.name}: the document holds only whitespace")
+        _check_outputs(document, trace, state)
+        if not state:
+            return await self._aread(document, questions, trace=trace, state=None, progress=progress)
+        with exclusive(state, "state file"):
+            return await self._aread(document, questions, trace=trace, state=state, progress=progress)
+
+    async def _aread(self, doc, questions: list[str], *, trace, state, progress) -> list[Answer]:
+        document = open_document(doc)
+        # The settings are taken once, before any call: what a backend learns on its first call (the
+        # model a server reports) must not make the state written after it differ from a rerun's.
+        settings = self.settings()
         t0 = time.perf_counter()
         qs = [_Q(self.reader.start(q)) for q in questions]
         if not qs:
@@ -183,23 +289,24 @@ class MemoryAgent:
         store = StateFile(state) if state else None
         resume, doc_tokens, done_answers = 0, 0, None
         if store:
-            saved = store.load(document.name, questions, self.settings())
+            saved = store.load(document.name, questions, settings)
             if saved:
                 resume, doc_tokens, done_answers = saved["chunks_done"], saved["doc_tokens"], saved.get("answers")
                 for q, s in zip(qs, saved["states"]):
                     q.state = ReadState(**s["state"])
                     q.calls, q.prompt_tokens, q.completion_tokens = s["calls"], s["prompt_tokens"], s["completion_tokens"]
                     q.error, q.seconds = s.get("error"), s.get("seconds", 0.0)
-        if done_answers:
+        if done_answers:  # finished: bound to the text exactly as an unfinished state is (read, not called)
+            await self._verify_read(document, store, resume, saved.get("complete"))
             return [Answer(**a) for a in done_answers]
-        tracer = Trace(trace)
+        tracer = trace if isinstance(trace, Trace) else Trace(trace)  # a Trace: e.g. the server's live events
+        pinned = enter_document()  # a pool of servers keeps this document's calls on one replica
         try:
-            chunks = _Prefetch(iter_chunks(document, self.tokenizer, self.chunk_tokens), self.chunk_tokens,
-                               getattr(self.tokenizer, "tokenize_in_thread", True))
+            chunks = self._chunks(document)
             # The skip gate looks at a chunk's neighbours' edges, so it reads one chunk ahead; without it
             # a chunk is tokenized only when its turn comes.
             ahead = self.reader.config.skip_update != "off"
-            n_chunks, previous = 0, None
+            n_chunks, previous, rolling = 0, None, ""
             following = await chunks.next() if ahead else None
             while True:
                 if ahead:
@@ -212,7 +319,10 @@ class MemoryAgent:
                 if chunk.index < resume:
                     n_chunks += 1
                     previous = chunk
-                    if chunk.index == resume - 1 and store and store.last_digest not in (None, chunk.digest):
+                    rolling = rolling_digest(rolling, chunk)
+                    if chunk.index == resume - 1 and store and (
+                            store.last_digest not in (None, chunk.digest)
+                            or store.read_digest not in (None, rolling)):
                         raise ValueError(f"state file {store.path} was written for a different document text")
                     continue
                 if any(q.state.exited for q in qs) and all(q.error or q.state.exited for q in qs):
@@ -223,17 +333,26 @@ class MemoryAgent:
                 await _all([self._update(q, i, chunk, tracer, near) for i, q in enumerate(qs) if not q.error])
                 previous = chunk
                 if store:
-                    store.save(document.name, questions, self.settings(), chunk.index + 1, doc_tokens,
-                               chunk.digest, [self._dump(q) for q in qs])
+                    rolling = rolling_digest(rolling, chunk)
+                    store.save(document.name, questions, settings, chunk.index + 1, doc_tokens,
+                               chunk.digest, [self._dump(q) for q in qs], read_digest=rolling)
                 if progress:
                     progress(chunk, document.bytes_read)
+            if n_chunks < resume:  # the text is now shorter than what the state has read
+                raise ValueError(f"state file {store.path} was written for a different document text")
             await _all([self._final(q, i, tracer) for i, q in enumerate(qs) if not q.error])
         finally:
+            leave_document(self.backend, pinned)
             tracer.close()
         answers = [self._answer(q, doc_tokens, time.perf_counter() - t0) for q in qs]
+        for q, a in zip(qs, answers):  # a memory that cannot hold the evidence says so (memagent/quality.py)
+            if not q.error:
+                a.warnings += memory_warnings(q.state.memory, q.state.chunks_read - q.state.skipped,
+                                              q.state.capped_updates, self.reader.config.memory_tokens)
         if store:
-            store.save(document.name, questions, self.settings(), n_chunks, doc_tokens, None,
-                       [self._dump(q) for q in qs], answers=[a.to_json() for a in answers])
+            store.save(document.name, questions, settings, n_chunks, doc_tokens, None,
+                       [self._dump(q) for q in qs], answers=[a.to_json() for a in answers], read_digest=rolling,
+                       complete=chunk is None)
         if self.tokenizer_warning:
             for a in answers:
                 a.warnings.append(self.tokenizer_warning)
@@ -243,12 +362,31 @@ class MemoryAgent:
         return answers
 
     # ---- internals --------------------------------------------------------------------------------
+    def _chunks(self, document) -> "_Prefetch":
+        return _Prefetch(iter_chunks(document, self.tokenizer, self.chunk_tokens), self.chunk_tokens,
+                         getattr(self.tokenizer, "tokenize_in_thread", True), daemon=document.blocking)
+
+    async def _verify_read(self, document, store: StateFile, chunks_done: int, complete: bool | None) -> None:
+        """A finished state's answers are returned only for the text they were read from: its first
+        `chunks_done` chunks must hash to the saved digest and, when it was read to the end, nothing may
+        follow. Costs one tokenization of the document, no model call."""
+        chunks, rolling, n = self._chunks(document), "", 0
+        while (chunk := await chunks.next()) is not None:
+            if n == chunks_done:
+                if complete:
+                    n += 1  # the text goes on past what was read
+                break
+            rolling, n = rolling_digest(rolling, chunk), n + 1
+        if n != chunks_done or rolling != store.read_digest:
+            raise ValueError(f"state file {store.path} holds answers for a different document text; "
+                             f"delete it (or use another --state) to read this one")
+
     async def _call(self, q: _Q, request) -> Generation | None:
         t = time.perf_counter()
         try:
             gen = await self.backend.generate(request)
         except Exception as e:  # recorded on the question, never dropped
-            q.error = f"{type(e).__name__}: {e}"
+            q.error = scrub(f"{type(e).__name__}: {e}")  # it goes to trace, state and output: no key in it
             return None
         finally:
             q.seconds += time.perf_counter() - t

@@ -14,6 +14,7 @@ truncated in the middle (head + tail) to fit the model's window, answer asked in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import io
 import json
@@ -24,7 +25,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .fileio import Appender, FileError, atomic_write, describe, exclusive
 from .protocol import Backend, GenerationRequest
+from .redact import redact_argv, scrub
+from .specials import defuse, pattern, special_strings
 from .tasks import Sample, format_length, iter_samples, resolve_tasks, tasks
 from .tasks.scoring import score
 from .tokenizer import Tokenizer
@@ -39,7 +43,7 @@ AGGREGATE_TASKS = frozenset({"cwe", "fwe"})
 REPLY_CHARS = 2000  # replies and memories are kept in samples.jsonl up to this many characters
 # Settings that must match for a DIR to be resumed (tasks, lengths and N may grow between runs).
 IDENTITY = ("method", "backend", "model", "tokenizer", "chunk_tokens", "memory_tokens", "template",
-            "answer_tokens", "temperature", "seed", "context_window")
+            "template_digest", "answer_tokens", "temperature", "seed", "context_window")
 
 
 @dataclass
@@ -55,6 +59,7 @@ class EvalConfig:
     chunk_tokens: int = 5000
     memory_tokens: int = 1024
     template: str = "memagent"
+    template_digest: str | None = None  # the template's content: an edited file is another template
     answer_tokens: int = 256
     temperature: float = 0.0
     concurrency: int = 4
@@ -66,7 +71,7 @@ class EvalConfig:
         d = asdict(self)
         keep = {k: d[k] for k in IDENTITY}
         if self.method == "direct":  # reading settings do not apply to a single call
-            keep.update(chunk_tokens=None, memory_tokens=None, template=None)
+            keep.update(chunk_tokens=None, memory_tokens=None, template=None, template_digest=None)
         else:
             keep["context_window"] = None
             # the gates join the identity only when on, so folders written before they existed still resume
@@ -96,17 +101,6 @@ def read_records(path: Path) -> dict[str, dict]:
     return out
 
 
-def _repair_tail(path: Path) -> None:
-    """Cut an unterminated last line so the next append starts on a line of its own."""
-    if not path.is_file() or path.stat().st_size == 0:
-        return
-    with open(path, "rb+") as f:
-        data = f.read()
-        if data.endswith(b"\n"):
-            return
-        f.truncate(data.rfind(b"\n") + 1)
-
-
 def summarize(records: list[dict]) -> list[dict]:
     """One row per (task, length): N, failures, mean of the main metric (accuracy) and of every score."""
     groups: dict[tuple[str, int], list[dict]] = {}
@@ -120,6 +114,7 @@ def summarize(records: list[dict]) -> list[dict]:
             "task": task, "length": length, "length_label": format_length(length), "metric": rs[0]["metric"],
             "n": len(rs), "failures": len(rs) - len(ok),
             "accuracy": round(100 * sum(r["correct"] for r in rs) / len(rs), 2),
+            "accuracy_se": standard_error([r["correct"] for r in rs]),
             "scores": {k: round(100 * sum(r["scores"].get(k, 0.0) for r in rs) / len(rs), 2) for k in keys},
             "mean_doc_tokens": round(sum(r["doc_tokens"] for r in rs) / len(rs)),
             "calls": sum(r["calls"] for r in rs), "prompt_tokens": sum(r["prompt_tokens"] for r in rs),
@@ -139,12 +134,39 @@ def machine() -> dict:
     return info
 
 
-def write_summary(out: Path, cfg: EvalConfig, wall: float | None = None) -> dict:
+def standard_error(values: list[float]) -> float | None:
+    """Standard error of the mean, in the accuracy's percentage points (None below two samples): with n
+    samples an accuracy is only known to about +-2 of these, which is what the plot's error bars show."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean = sum(values) / n
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    return round(100 * (var / n) ** 0.5, 2)
+
+
+def served_model(backend, out: Path | None = None) -> str | None:
+    """The model name the server reported in its replies (else the one it listed, or the one asked for);
+    kept from an earlier summary when this run made no call."""
+    name = getattr(backend, "reported_model", None) or getattr(backend, "model", None)
+    if isinstance(name, str) and name:
+        return name
+    try:
+        return json.loads((out / "summary.json").read_text()).get("served_model") if out else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def write_summary(out: Path, cfg: EvalConfig, wall: float | None = None, backend=None) -> dict:
+    from .clihelp import version
+
     records = list(read_records(out / "samples.jsonl").values())
+    reported = served_model(backend, out) if cfg.backend != "embedded" else cfg.model
     summary = {
         "what": "accuracy = mean of each task's main metric x 100 (metric named per row); failed samples count "
                 "as incorrect and in `failures`",
-        "method": cfg.method, "model": cfg.model, "backend": cfg.backend,
+        "method": cfg.method, "model": cfg.model, "backend": cfg.backend, "served_model": reported,
+        "memagent_version": version(),
         "config": asdict(cfg), "results": summarize(records),
         "totals": {"samples": len(records), "failures": sum(1 for r in records if r.get("error")),
                    "calls": sum(r["calls"] for r in records),
@@ -152,13 +174,11 @@ def write_summary(out: Path, cfg: EvalConfig, wall: float | None = None) -> dict
                    "completion_tokens": sum(r["completion_tokens"] for r in records),
                    "sample_seconds": round(sum(r["seconds"] for r in records), 1)},
         "machine": machine(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
+        "command": " ".join(redact_argv(sys.argv)),  # --api-key and URL credentials masked
     }
     if wall is not None:
         summary["totals"]["wall_seconds_last_run"] = round(wall, 1)
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
-    os.replace(tmp, out / "summary.json")
+    atomic_write(out / "summary.json", json.dumps(summary, indent=1, ensure_ascii=False) + "\n", "eval summary")
     return summary
 
 
@@ -200,6 +220,7 @@ class Runner:
             if not cfg.context_window:
                 raise ValueError("--method direct needs the model's window: pass --context-window N")
             fixed = len(tokenizer.encode(DIRECT_PROMPT.format(question="", document="") + OMITTED))
+            self.specials = pattern(special_strings(tokenizer))
             self.doc_budget = cfg.context_window - cfg.answer_tokens - fixed - CHAT_OVERHEAD
         else:
             raise ValueError(f"unknown method {cfg.method!r}; use memagent or direct")
@@ -224,7 +245,9 @@ class Runner:
             else:
                 budget = self.doc_budget - 2 * len(self.tokenizer.encode(s.question))  # it is asked twice
                 doc, cut = truncate_middle(s.document, self.tokenizer, budget)
-                prompt = DIRECT_PROMPT.format(question=s.question, document=doc)
+                # control tokens in the document stay text (memagent/specials.py), as on the memagent path
+                prompt = DIRECT_PROMPT.format(question=defuse(s.question, self.specials),
+                                              document=defuse(doc, self.specials))
                 gen = await self.backend.generate(GenerationRequest(
                     messages=[{"role": "user", "content": prompt}], max_tokens=self.cfg.answer_tokens,
                     temperature=self.cfg.temperature, seed=self.cfg.seed))
@@ -232,7 +255,7 @@ class Runner:
                 rec.update(calls=1, prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens,
                            truncated=cut, kept_doc_tokens=min(s.doc_tokens, budget))
         except Exception as e:  # recorded and counted, never dropped; a rerun retries it
-            rec["error"] = f"{type(e).__name__}: {e}"
+            rec["error"] = scrub(f"{type(e).__name__}: {e}")
         pred, scores = score(s.metric, None if rec["error"] else reply, s.gold)
         rec.update(prediction=pred, reply=(reply or "")[:REPLY_CHARS], scores=scores,
                    correct=scores[s.metric], seconds=round(time.perf_counter() - t0, 3))
@@ -247,10 +270,12 @@ def _check_dir(out: Path, cfg: EvalConfig) -> None:
     if path.is_file():
         old, new = json.loads(path.read_text()).get("identity", {}), cfg.identity()
         keys = list(new) + [k for k in old if k not in new]  # both ways: the gates appear only when on
+        if "template_digest" not in old:  # written before the digest was recorded: the name is all we have
+            keys.remove("template_digest")
         diff = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
         if diff:
             raise ValueError(f"{out} holds a run with other settings ({'; '.join(diff)}); use another --out")
-    path.write_text(json.dumps({"identity": cfg.identity(), "config": asdict(cfg)}, indent=1) + "\n")
+    atomic_write(path, json.dumps({"identity": cfg.identity(), "config": asdict(cfg)}, indent=1) + "\n", "eval config")
 
 
 class _Progress:
@@ -296,10 +321,20 @@ async def arun_eval(out: str | Path, cfg: EvalConfig, backend: Backend, tokenize
     """Run (or resume) an evaluation into `out`; returns the summary written to out/summary.json."""
     out = Path(out)
     resolve_tasks(",".join(cfg.tasks))
+    runner = Runner(cfg, backend, tokenizer, template)  # every setting is checked before config.json is written
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FileError(f"cannot create --out folder {out}: {describe(e)}") from None
+    with exclusive(out, "eval folder"):  # a second process on one folder is refused, not interleaved
+        return await _run_locked(out, cfg, runner, tokenizer, plot_png)
+
+
+async def _run_locked(out: Path, cfg: EvalConfig, runner: "Runner", tokenizer: Tokenizer, plot_png: bool) -> dict:
     _check_dir(out, cfg)
-    runner = Runner(cfg, backend, tokenizer, template)
     path = out / "samples.jsonl"
-    _repair_tail(path)
     done = {i for i, r in read_records(path).items() if not r.get("error")}
     wanted = {f"{t}/{L}/{i}" for t in cfg.tasks for L in cfg.lengths for i in range(cfg.n)}
     total = len(wanted - done)
@@ -307,7 +342,8 @@ async def arun_eval(out: str | Path, cfg: EvalConfig, backend: Backend, tokenize
     build_lock = asyncio.Lock()
     t0 = time.perf_counter()
 
-    with open(path, "a", encoding="utf-8") as f, _Progress(total) as progress:
+    samples_file = Appender(path, "eval samples file")  # cuts a torn last line; write errors name the file
+    with contextlib.closing(samples_file), _Progress(total) as progress:
         async def worker():
             while True:
                 async with build_lock:  # builders keep caches: one build at a time, off the event loop
@@ -315,14 +351,13 @@ async def arun_eval(out: str | Path, cfg: EvalConfig, backend: Backend, tokenize
                 if s is None:
                     return
                 rec = await runner.run(s)
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                f.flush()
+                samples_file.write_line(json.dumps(rec, ensure_ascii=False))
                 progress.update(rec)
 
         try:
             await asyncio.gather(*(worker() for _ in range(max(1, cfg.concurrency))))
         finally:
-            summary = write_summary(out, cfg, time.perf_counter() - t0)
+            summary = write_summary(out, cfg, time.perf_counter() - t0, runner.backend)
     if plot_png and summary["results"]:
         try:
             from .evalplot import plot
@@ -338,6 +373,7 @@ async def arun_eval(out: str | Path, cfg: EvalConfig, backend: Backend, tokenize
 def add_parser(subparsers) -> None:
     """Register `memagent eval` (run / resume), `memagent eval plot` and `memagent eval tasks`."""
     from .cli import add_backend_args
+    from .clihelp import reading_help
 
     p = subparsers.add_parser(
         "eval", help="accuracy vs document length (RULER-HotpotQA, RULER); resumable",
@@ -345,22 +381,28 @@ def add_parser(subparsers) -> None:
                     "`memagent eval plot DIR... -o fig.png`, `memagent eval tasks`.")
     p.add_argument("--task", default="ruler-hotpotqa",
                    help="task names or groups, comma separated (see `memagent eval tasks`)")
-    p.add_argument("--lengths", default="7k,14k,28k", help="document lengths in tokens, e.g. 7k,28k,1.75m")
+    p.add_argument("--lengths", default="7k,14k,28k",
+                   help="document lengths in tokens, e.g. 7k,28k,1.75m. A power of two before k counts in "
+                        "1024s as RULER writes them (4k = 4096, 128k = 131072), any other k in 1000s as "
+                        "MemAgent's table does (7k = 7000); exact numbers are exact")
     p.add_argument("--n", type=int, default=128, help="samples per task and length (the same ones at every length)")
     p.add_argument("--method", default="memagent", choices=["memagent", "direct"],
                    help="memagent: read through the memory; direct: whole document in one prompt (middle cut)")
     add_backend_args(p)
-    p.add_argument("--chunk-tokens", type=int, default=None)
-    p.add_argument("--memory-tokens", type=int, default=None)
-    p.add_argument("--template", default=None, help="built-in name (notes, memagent) or a .toml/.json file")
-    p.add_argument("--answer-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--chunk-tokens", type=int, default=None, help=f"tokens per chunk ({reading_help('chunk')})")
+    p.add_argument("--memory-tokens", type=int, default=None,
+                   help=f"memory cap in tokens ({reading_help('memory')})")
+    p.add_argument("--template", default=None, help="built-in name (notes, memagent) or a .toml/.json file "
+                                                    f"({reading_help('template')})")
+    p.add_argument("--answer-tokens", type=int, default=256, help="token limit of each answer")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--context-window", type=int, default=None,
-                   help="direct: the model's window in tokens (embedded models: known)")
+                   help="direct: the model's window in tokens (default: known for embedded models, else "
+                        "required)")
     p.add_argument("--seed", type=int, default=42, help="data seed (and sampling seed)")
-    p.add_argument("--out", default=None, help="results folder (required to run)")
+    p.add_argument("--out", default=None, help="results folder (no default: required to run)")
     p.add_argument("--export", default=None, metavar="FILE",
-                   help="only build the samples and write them as JSONL (no model is run)")
+                   help="only build the samples and write them as JSONL (no model is run; default: off)")
     p.add_argument("--no-plot", action="store_true", help="do not draw accuracy_vs_length.png")
     from .cli import add_gate_args
 
@@ -368,8 +410,8 @@ def add_parser(subparsers) -> None:
     sub = p.add_subparsers(dest="eval_command")
     pl = sub.add_parser("plot", help="draw several eval folders on one accuracy-vs-length figure")
     pl.add_argument("dirs", nargs="+", metavar="DIR")
-    pl.add_argument("-o", "--output", default="accuracy_vs_length.png")
-    pl.add_argument("--title", default=None)
+    pl.add_argument("-o", "--output", default="accuracy_vs_length.png", help="the PNG to write")
+    pl.add_argument("--title", default=None, help="figure title (default: none)")
     sub.add_parser("tasks", help="list the tasks and their metrics")
     p.set_defaults(func=main)
 
@@ -396,8 +438,9 @@ def main(args) -> int:
         return _list_tasks()
     names = resolve_tasks(args.task)
     lengths = parse_lengths(args.lengths)
-    if args.n <= 0:
-        raise ValueError("--n must be positive")
+    from .checks import cli_numbers
+
+    cli_numbers(args)  # --n, --temperature nan, --threads -3 ...: before anything is built or written
     from . import models
     from .backends import resolve_tokenizer
 
@@ -429,7 +472,8 @@ def main(args) -> int:
     cfg = EvalConfig(tasks=names, lengths=lengths, n=args.n, method=args.method, seed=args.seed,
                      backend=args.backend, model=args.model or (models.DEFAULT_MODEL if spec else None),
                      tokenizer=getattr(tokenizer, "name", ""), chunk_tokens=chunk, memory_tokens=memory,
-                     template=template, answer_tokens=args.answer_tokens, temperature=args.temperature,
+                     template=template, template_digest=tmpl.digest, answer_tokens=args.answer_tokens,
+                     temperature=args.temperature,
                      concurrency=args.concurrency or (4 if args.backend == "embedded" else 16),
                      context_window=window if args.method == "direct" else None,
                      skip_update=args.skip_update, early_exit=args.early_exit)
@@ -448,7 +492,8 @@ def main(args) -> int:
 
     summary = asyncio.run(go())
     for r in summary["results"]:
-        print(f"{r['task']:16} {r['length_label']:>6}  {r['metric']} {r['accuracy']:6.2f}  n={r['n']} "
+        se = f" ± {r['accuracy_se']:.2f}" if r.get("accuracy_se") is not None else ""
+        print(f"{r['task']:16} {r['length_label']:>6}  {r['metric']} {r['accuracy']:6.2f}{se}  n={r['n']} "
               f"failures={r['failures']}  {r['seconds_per_sample']}s/sample")
     print(f"results: {Path(args.out) / 'summary.json'}", file=sys.stderr)
     return 1 if summary["totals"]["failures"] else 0

@@ -34,6 +34,13 @@ class ModelSpec:
     chunk_tokens: int  # defaults chosen by measurement on a 2-core CPU (README)
     memory_tokens: int
     context_window: int
+    # A trained model shipped as a LoRA adapter on a registered base: `adapter` is a folder inside this
+    # package (save_pretrained format), `adapter_sha256` the digest of its weights file. hf_dir() merges it
+    # into the base once and caches the merged folder, so inference costs exactly what the base costs.
+    base: str | None = None
+    adapter: str | None = None
+    adapter_sha256: str | None = None
+    card: str | None = None  # model card (markdown) inside this package
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -64,6 +71,27 @@ MODELS: dict[str, ModelSpec] = {
     ),
 }
 DEFAULT_MODEL = "smollm2-135m"
+
+
+def _register_trained() -> None:
+    """The memory model we train (memagent/adapters/*): registered only when its files ship here."""
+    from importlib import resources
+
+    root = resources.files("memagent") / "adapters" / "notes-135m"
+    if not (root / "adapter_model.safetensors").is_file():
+        return
+    base = MODELS["smollm2-135m"]
+    digest = (root / "SHA256").read_text().split()[0] if (root / "SHA256").is_file() else None
+    MODELS["memagent-notes-135m"] = ModelSpec(
+        name="memagent-notes-135m",
+        description="SmolLM2-135M-Instruct + our LoRA trained to keep notes (SFT warm start + Multi-Conv DAPO); "
+        "see `memagent models --card memagent-notes-135m`",
+        packages=base.packages, parts=base.parts, sha256=base.sha256, license="Apache-2.0",
+        default_template="notes", chunk_tokens=512, memory_tokens=64, context_window=8192,
+        base="smollm2-135m", adapter="adapters/notes-135m", adapter_sha256=digest, card="adapters/notes-135m/README.md")
+
+
+_register_trained()
 
 
 def get_spec(name: str) -> ModelSpec:
@@ -163,6 +191,8 @@ def hf_dir(name: str) -> Path:
         return Path(name)
     spec = get_spec(name)
     out = cache_root() / name / "hf"
+    if spec.adapter:
+        return _merged_dir(spec, out)
     if (out / "DONE").is_file():
         return out
     src = gguf_path(name)
@@ -207,3 +237,57 @@ def tokenizer_path(name_or_path: str) -> Path:
     if p.is_dir() or p.suffix == ".json":
         return p / "tokenizer.json" if p.is_dir() else p
     return hf_dir(name_or_path) / "tokenizer.json"
+
+
+def adapter_dir(spec: ModelSpec) -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("memagent") / spec.adapter))
+
+
+def _merged_dir(spec: ModelSpec, out: Path) -> Path:
+    """The base with the shipped adapter merged in, built once; rebuilt when the adapter file changes."""
+    src = adapter_dir(spec)
+    weights = src / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise ModelError(f"model {spec.name}: adapter file {weights} is missing; reinstall memagent")
+    stamp = f"{spec.adapter_sha256}:{weights.stat().st_size}"
+    if (out / "DONE").is_file() and (out / "DONE").read_text() == stamp:
+        return out
+    verify_adapter(spec)
+    base = hf_dir(spec.base)
+    with _Lock(cache_root() / spec.name / ".hf.lock"):
+        if (out / "DONE").is_file() and (out / "DONE").read_text() == stamp:
+            return out
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        print(f"memagent: merging the {spec.name} adapter into {spec.base} once -> {out}", file=sys.stderr)
+        model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+        model = PeftModel.from_pretrained(model, str(src)).merge_and_unload()
+        tmp = out.with_name("hf.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(str(tmp))
+        AutoTokenizer.from_pretrained(str(base)).save_pretrained(str(tmp))
+        (tmp / "DONE").write_text(stamp)
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    return out
+
+
+def verify_adapter(spec: ModelSpec) -> Path:
+    weights = adapter_dir(spec) / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise ModelError(f"model {spec.name}: adapter file {weights} is missing; reinstall memagent")
+    digest = _sha256(weights)
+    if spec.adapter_sha256 and digest != spec.adapter_sha256:
+        raise ModelError(f"model {spec.name}: adapter sha256 {digest} does not match the pinned {spec.adapter_sha256}")
+    return weights
+
+
+def card_text(spec: ModelSpec) -> str:
+    from importlib import resources
+
+    return (resources.files("memagent") / spec.card).read_text()

@@ -10,16 +10,21 @@ Why rendering is not `str.format`: a document may contain "{memory}" or "</secti
 substituted in one pass (inserted text is never scanned again), and any of the template's own markers
 (<tag>, </tag>, cue lines such as "Updated memory:") that appear inside inserted text are neutralised, so
 document text cannot close the section early, open a fake memory block, or overwrite the question.
+Chat-template control tokens (`<|im_end|>` ...) in inserted text are defused too (memagent/specials.py),
+so a document cannot end the user turn and fake an assistant turn either.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import tomllib
 from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
+
+from .specials import GENERIC_RE, defuse
 
 PLACEHOLDER = re.compile(r"\{(question|memory|chunk)\}")
 TAG = re.compile(r"</?\s*([A-Za-z_][\w-]*)\s*>")
@@ -95,14 +100,23 @@ def builtin_templates() -> list[str]:
 
 
 def load_template(name_or_path: str) -> Template:
-    """A built-in name ('notes', 'memagent') or a path to a .toml/.json file with the same keys."""
+    """A built-in name ('notes', 'memagent') or a path to a .toml/.json file with the same keys.
+
+    A built-in name wins over a file of that name in the current folder (a stray `notes` file must not
+    replace the template silently); a path is meant when it is clearly one: it has a folder part or a
+    .toml/.json suffix (`./notes`, `notes.toml`)."""
     p = Path(name_or_path).expanduser()
-    if p.is_file():
-        raw = p.read_bytes()
+    path_like = os.sep in name_or_path or "/" in name_or_path or p.suffix.lower() in (".toml", ".json")
+    if name_or_path in builtin_templates() and not path_like:
+        p = None
+    if p is not None and p.is_file():
         try:
+            raw = p.read_bytes()
             data = tomllib.loads(raw.decode("utf-8")) if p.suffix != ".json" else __import__("json").loads(raw)
         except Exception as e:
-            raise TemplateError(f"cannot parse template {p}: {e}") from None
+            raise TemplateError(f"cannot parse template {p}: {' '.join(str(e).split())}") from None
+        if not isinstance(data, dict):
+            raise TemplateError(f"template {p} must be a table/object of text fields, not a {type(data).__name__}")
         data.setdefault("name", p.stem)
     elif name_or_path in builtin_templates():
         data = tomllib.loads((resources.files("memagent.templates") / f"{name_or_path}.toml").read_text())
@@ -114,14 +128,20 @@ def load_template(name_or_path: str) -> Template:
     for key in ("update", "final", "empty_memory"):
         if not isinstance(data.get(key), str):
             raise TemplateError(f"template {name_or_path}: missing text field {key!r}")
+    for key in ("name", "system", "update_exit", "exit_marker"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise TemplateError(f"template {name_or_path}: field {key!r} must be text")
     return Template(**data)
 
 
-def neutralise(text: str, template: Template, extra: tuple[str, ...] = ()) -> str:
+def neutralise(text: str, template: Template, extra: tuple[str, ...] = (), specials: re.Pattern | None = None) -> str:
     """Defuse the template's own markers inside inserted text; everything else is left as is.
 
     `extra`: further markers to defuse (the exit marker, when the exit gate is on: a document must not
-    be able to make the model stop reading by carrying the marker for it to copy)."""
+    be able to make the model stop reading by carrying the marker for it to copy).
+    `specials`: the tokenizer's control tokens (memagent.specials.pattern); without it the generic
+    chat-template shapes (`<|im_end|>` ...) are still defused, so inserted text can never end a turn."""
+    text = defuse(text, specials if specials is not None else GENERIC_RE)
     names = template.tag_names
 
     def fix_tag(m: re.Match) -> str:
@@ -141,8 +161,9 @@ def neutralise(text: str, template: Template, extra: tuple[str, ...] = ()) -> st
     return text
 
 
-def render(text: str, template: Template, extra_markers: tuple[str, ...] = (), **values: str) -> str:
-    safe = {k: neutralise(v, template, extra_markers) for k, v in values.items()}
+def render(text: str, template: Template, extra_markers: tuple[str, ...] = (), *, specials: re.Pattern | None = None,
+           **values: str) -> str:
+    safe = {k: neutralise(v, template, extra_markers, specials) for k, v in values.items()}
     return PLACEHOLDER.sub(lambda m: safe[m.group(1)], text)
 
 

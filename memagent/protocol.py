@@ -18,6 +18,10 @@ class BackendError(RuntimeError):
     """A call failed for a reason the user should see in one line (server down, bad key, ...)."""
 
 
+class PromptTooLongError(BackendError):
+    """The prompt does not fit the model's context window: the caller's mistake (a server answers 400)."""
+
+
 @dataclass
 class GenerationRequest:
     messages: list[dict]  # OpenAI-style chat messages: [{"role": "user", "content": "..."}]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from .gates import EXIT_MODES, SKIP_MODES, LexicalSkipGate, edges, find_marker, words
 from .prompts import Template, extract_answer, render, strip_reasoning, to_messages
 from .protocol import Generation, GenerationRequest
+from .specials import pattern, special_strings
 from .tokenizer import Tokenizer
 
 
@@ -74,6 +75,7 @@ class Reader:
             raise ValueError(f"--early-exit marker needs a template with update_exit and exit_marker; "
                              f"{template.name!r} has none")
         self._markers = (template.exit_marker,) if self._exit else ()
+        self._specials = pattern(special_strings(tokenizer))  # its control tokens, defused in inserted text
         self._gates: dict[str, LexicalSkipGate] = {}  # per question: the terms are extracted once
         self._last_words: tuple[tuple, frozenset] = ((object(),) * 3, frozenset())  # many questions, one chunk
 
@@ -123,10 +125,11 @@ class Reader:
 
     def update_request(self, state: ReadState, chunk: str) -> GenerationRequest:
         if self._exit:
-            user = render(self.template.update_exit, self.template, self._markers, question=state.question,
-                          memory=state.memory, chunk=chunk)
+            user = render(self.template.update_exit, self.template, self._markers, specials=self._specials,
+                          question=state.question, memory=state.memory, chunk=chunk)
             return self._request(user, self.config.memory_tokens, f"ux:{self.template.digest}:{state.question}")
-        user = render(self.template.update, self.template, question=state.question, memory=state.memory, chunk=chunk)
+        user = render(self.template.update, self.template, specials=self._specials, question=state.question,
+                      memory=state.memory, chunk=chunk)
         return self._request(user, self.config.memory_tokens, f"u:{self.template.digest}:{state.question}")
 
     def cap(self, text: str) -> tuple[str, bool]:
@@ -151,7 +154,8 @@ class Reader:
                        exit_chunk=state.chunks_read if exit_ else state.exit_chunk)
 
     def final_request(self, state: ReadState) -> GenerationRequest:
-        user = render(self.template.final, self.template, self._markers, question=state.question, memory=state.memory)
+        user = render(self.template.final, self.template, self._markers, specials=self._specials,
+                      question=state.question, memory=state.memory)
         return self._request(user, self.config.answer_tokens, f"f:{self.template.digest}:{state.question}")
 
     def apply_final(self, state: ReadState, gen: Generation) -> ReadState:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
+
+from .fileio import atomic_write  # noqa: F401  (re-exported: older imports)
 
 VERSION = 1
 
@@ -18,19 +19,11 @@ class StateError(ValueError):
     pass
 
 
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class StateFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.last_digest: str | None = None
+        self.read_digest: str | None = None  # digest of every chunk read so far (driver.rolling_digest)
 
     def load(self, doc_name: str, questions: list[str], settings: dict) -> dict | None:
         """The saved state for this exact (document, questions, settings), None for a fresh start."""
@@ -57,12 +50,19 @@ class StateFile:
         if body["doc"] != doc_name:
             raise StateError(f"state file {self.path} belongs to document {body['doc']!r}, not {doc_name!r}")
         self.last_digest = body.get("last_digest")
+        self.read_digest = body.get("read_digest")
+        if body.get("answers") and self.read_digest is None:
+            raise StateError(f"state file {self.path} holds answers without a digest of the text they were read "
+                             f"from (an older memagent); delete it to read the document again")
         return body
 
     def save(self, doc_name: str, questions: list[str], settings: dict, chunks_done: int, doc_tokens: int,
-             last_digest: str | None, states: list[dict], answers: list[dict] | None = None) -> None:
+             last_digest: str | None, states: list[dict], answers: list[dict] | None = None,
+             read_digest: str | None = None, complete: bool | None = None) -> None:
+        """`read_digest` binds the state to the text of the chunks read so far (unfinished and finished
+        alike); `complete`: the answers were given after reading to the document's end."""
         body = {"version": VERSION, "doc": doc_name, "questions": list(questions), "settings": settings,
                 "chunks_done": chunks_done, "doc_tokens": doc_tokens, "last_digest": last_digest,
-                "states": states, "answers": answers}
+                "read_digest": read_digest, "complete": complete, "states": states, "answers": answers}
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-        atomic_write(self.path, json.dumps({"sha256": digest, "body": body}, ensure_ascii=False))
+        atomic_write(self.path, json.dumps({"sha256": digest, "body": body}, ensure_ascii=False), "state file")

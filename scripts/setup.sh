@@ -5,6 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# The browser tests (tests/test_serve_page.py) drive Debian's chromium through Playwright. Installed
+# only where it is missing and we are root (CI on a fresh machine); elsewhere those tests skip and say why.
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "setup: installing chromium for the browser tests (apt-get)" >&2
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; then
+    echo "setup: could not install chromium; the browser tests will skip" >&2
+  fi
+fi
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv" >&2
   "$PY" -m venv .venv

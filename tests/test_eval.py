@@ -185,6 +185,6 @@ def test_cli_tasks_export_and_plot(tmp_path, capsys):
     assert main(["eval", "--task", "vt", "--lengths", "1k", "--n", "2", "--tokenizer", "smollm2-135m",
                  "--export", str(out)]) == 0
     rows = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [r["id"] for r in rows] == ["vt/1000/0", "vt/1000/1"] and rows[0]["gold"]
+    assert [r["id"] for r in rows] == ["vt/1024/0", "vt/1024/1"] and rows[0]["gold"]  # 1k = 1024 (RULER)
     assert main(["eval", "--task", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown task" in capsys.readouterr().err

@@ -104,6 +104,10 @@ def test_torchrun_two_ranks_match_one_process(tmp_path):
     for k in one:
         assert torch.equal(r0[k], r1[k]), k  # ranks are identical bit for bit
         torch.testing.assert_close(r0[k], one[k], rtol=1e-4, atol=1e-6)
+    # the logged loss is the whole batch's (summed over ranks), as one process logs it, not rank 0's share
+    loss_one = [r["loss"] for r in metrics_io.read(single / "run" / "metrics.jsonl")]
+    loss_two = [r["loss"] for r in metrics_io.read(multi / "run" / "metrics.jsonl")]
+    assert loss_two == pytest.approx(loss_one, rel=1e-4, abs=1e-7)
 
 
 def params_at_init():

@@ -71,9 +71,12 @@ def test_parse_defaults_and_fields():
     ({"messages": USER, "top_p": 0}, "top_p"),
     ({"messages": USER, "seed": 1.5}, "seed"),
     ({"messages": USER, "model": 3}, "model"),
-    ({"messages": USER, "stream": True}, "stream"),
+    ({"messages": USER, "stream": "yes"}, "stream"),
     ({"messages": USER, "n": 2}, "n"),
     ({"messages": USER, "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": USER, "seed": 10**40}, "seed"),
+    ({"messages": [{"role": "user", "content": "a\ud800"}]}, "messages"),
 ])
 def test_parse_rejects(body, param):
     with pytest.raises(RequestError) as info:
@@ -148,7 +151,8 @@ def test_api_key_required(server):
 
 def test_models_and_health(server):
     status, reply = call(server, "/v1/models")
-    assert status == 200 and [m["id"] for m in reply["data"]] == ["instant"] and reply["object"] == "list"
+    assert status == 200 and reply["object"] == "list"
+    assert [m["id"] for m in reply["data"]] == ["instant", "memagent", "memagent/instant"]  # + the memory model
     health = server.health()
     assert health["status"] == "ok" and health["model"] == "instant" and health["completed"] >= 1
 

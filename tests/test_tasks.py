@@ -31,7 +31,7 @@ def test_parse_length_rejects(bad):
 
 def test_parse_lengths_and_labels():
     assert T.parse_lengths("7k,14k,1.75m") == [7000, 14000, 1_750_000]
-    assert [T.format_length(x) for x in (7000, 1_750_000, 8192)] == ["7K", "1.75M", "8192"]
+    assert [T.format_length(x) for x in (7000, 1_750_000, 8192, 8000)] == ["7K", "1.75M", "8K", "8000"]
 
 
 def test_resolve_tasks_and_groups():

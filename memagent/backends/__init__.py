@@ -8,21 +8,36 @@ import sys
 from ..tokenizer import HFTokenizer, Tokenizer, TokenizerError, load_tokenizer
 
 KINDS = ("embedded", "openai", "instant", "scripted")
+ENGINES = ("torch", "llama.cpp")  # runtimes of the embedded backend (docs/engines.md)
+DEFAULT_ENGINE = "torch"
 
 
-def make_backend(kind: str, model: str | None = None, base_url: str | None = None, api_key: str | None = None,
-                 **kw):
+def make_backend(kind: str, model: str | None = None, base_url: str | list[str] | None = None,
+                 api_key: str | None = None, base_url_file: str | None = None, **kw):
     if kind == "embedded":
         from ..models import DEFAULT_MODEL
+
+        engine = kw.pop("engine", None) or DEFAULT_ENGINE
+        if engine in ("llama.cpp", "llamacpp"):
+            from .llamacpp import LlamaCppBackend
+
+            return LlamaCppBackend.load(model or DEFAULT_MODEL, **kw)
+        if engine != "torch":
+            raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
         from .embedded import EmbeddedBackend
 
         return EmbeddedBackend.load(model or DEFAULT_MODEL, **kw)
     if kind == "openai":
         from .openai_http import OpenAIBackend
+        from .pool import PoolBackend, read_url_file, split_urls
 
-        if not base_url:
+        # several URLs (--base-url repeated or comma separated, or --base-url-file): a pool of replicas
+        urls = split_urls(base_url) + (read_url_file(base_url_file) if base_url_file else [])
+        if not urls:
             raise ValueError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
-        return OpenAIBackend(base_url, model=model, api_key=api_key, **kw)
+        if len(urls) > 1:
+            return PoolBackend.from_urls(urls, model=model, api_key=api_key, **kw)
+        return OpenAIBackend(urls[0], model=model, api_key=api_key, **kw)
     if kind == "instant":
         from .instant import InstantBackend
 
@@ -70,4 +85,4 @@ def fast(tokenizer: Tokenizer) -> Tokenizer:
     return NativeBPETokenizer.wrap(tokenizer) or FastBPETokenizer.wrap(tokenizer)
 
 
-__all__ = ["make_backend", "resolve_tokenizer", "KINDS", "TokenizerError"]
+__all__ = ["make_backend", "resolve_tokenizer", "KINDS", "ENGINES", "TokenizerError"]

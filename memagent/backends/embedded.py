@@ -43,7 +43,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 from transformers.cache_utils import DynamicCache, DynamicLayer  # noqa: E402
 
-from ..protocol import BackendError, Generation, GenerationRequest
+from ..protocol import BackendError, Generation, GenerationRequest, PromptTooLongError
 
 _STOP = object()  # queue sentinel: the worker thread exits
 _LIVE: "weakref.WeakSet[EmbeddedBackend]" = weakref.WeakSet()
@@ -256,10 +256,16 @@ class EmbeddedBackend:
             raise BackendError("the model has no end-of-sequence token; cannot tell when a reply ends")
         return ids
 
+    _specials = None  # the tokenizer's control-token search, built on first use
+
     def _prompt_ids(self, messages: list[dict]) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        ids = out["input_ids"] if not isinstance(out, list) else out
-        return list(ids[0] if ids and isinstance(ids[0], list) else ids)
+        """Message content is text, never turn structure: a client's or a document's `<|im_end|>` is
+        defused before the chat template runs (memagent/specials.py), so `serve` is safe from any client."""
+        from ..specials import chat_ids, pattern, special_strings
+
+        if self._specials is None:
+            self._specials = pattern(special_strings(self.tokenizer))
+        return chat_ids(self.tokenizer, messages, self._specials)
 
     def _check_weights(self) -> None:
         """An in-place optimiser step bumps each parameter's version: then the kept KV is stale."""
@@ -303,7 +309,7 @@ class EmbeddedBackend:
         except Exception as e:
             raise BackendError(f"cannot apply the chat template: {e}") from None
         if len(ids) >= self.context_window:
-            raise BackendError(f"prompt is {len(ids)} tokens but the model's context window is "
+            raise PromptTooLongError(f"prompt is {len(ids)} tokens but the model's context window is "
                                f"{self.context_window}; use smaller chunks or a smaller memory")
         reused, kv = self._lookup(req.cache_key, ids)
         n_layers = self.model.config.get_text_config(decoder=True).num_hidden_layers

@@ -26,11 +26,16 @@ def _message_text(messages: list[dict]) -> str:
 
 
 class InstantBackend:
-    """Deterministic, model-free replies; `delay` (seconds) simulates a model's latency in tests."""
+    """Deterministic, model-free replies; `delay` (seconds) simulates a model's latency in tests.
 
-    def __init__(self, answer: str = "instant", delay: float = 0.0, name: str = "instant"):
-        self.answer, self.delay, self.name = answer, delay, name
+    `slots` > 0 bounds how many calls are "on the model" at once (the rest queue), so a server of it
+    has a finite throughput of slots / delay calls per second, as a real GPU server does; 0 = unbounded.
+    """
+
+    def __init__(self, answer: str = "instant", delay: float = 0.0, name: str = "instant", slots: int = 0):
+        self.answer, self.delay, self.name, self.slots = answer, delay, name, slots
         self.calls = 0
+        self._sem, self._sem_loop = None, None
 
     def reply_for(self, request: GenerationRequest) -> tuple[str, int]:
         """(reply text, prompt size in pseudo-tokens). Pseudo-tokens: ~4 characters each, like BPE."""
@@ -45,7 +50,13 @@ class InstantBackend:
         if request.max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {request.max_tokens}")
         self.calls += 1
-        if self.delay > 0:
+        if self.delay > 0 and self.slots > 0:
+            loop = asyncio.get_running_loop()
+            if self._sem_loop is not loop:
+                self._sem, self._sem_loop = asyncio.Semaphore(self.slots), loop
+            async with self._sem:
+                await asyncio.sleep(self.delay)
+        elif self.delay > 0:
             await asyncio.sleep(self.delay)
         text, prompt_tokens = self.reply_for(request)
         words = text.split(" ")

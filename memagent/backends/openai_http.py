@@ -32,10 +32,15 @@ RETRY_STATUS = {408, 409, 429}  # plus every 5xx
 
 def normalise_base_url(base_url: str) -> str:
     """'http://host:8000' -> 'http://host:8000/v1'; a URL that already has a path is kept as given."""
+    from ..redact import has_credentials, redact_url
+
     url = base_url.strip().rstrip("/")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise BackendError(f"--base-url must look like http://host:port/v1, got {base_url!r}")
+        raise BackendError(f"--base-url must look like http://host:port/v1, got {redact_url(base_url)!r}")
+    if has_credentials(url):  # they would be printed, recorded, and clash with the key's header
+        raise BackendError(f"--base-url must not hold credentials ({redact_url(url)}): give the key with "
+                           "--api-key or $OPENAI_API_KEY")
     return url if parts.path not in ("", "/") else url + "/v1"
 
 
@@ -62,6 +67,9 @@ class OpenAIBackend:
         self.base_url = normalise_base_url(base_url)
         self.model = model
         self.api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"  # local servers want *a* key
+        from ..redact import register
+
+        register(self.api_key)  # scrubbed from every error, trace, state and result (memagent/redact.py)
         self.concurrency, self.timeout = concurrency, timeout
         self.max_retries, self.backoff, self.max_backoff = max_retries, backoff, max_backoff
         self._name = name
@@ -70,6 +78,7 @@ class OpenAIBackend:
         self._loop = None  # client, semaphore and lock belong to one event loop; rebuilt for another
         self._session = self._sem = self._model_lock = self._guard = None
         self._token_param = "max_tokens"  # switched to max_completion_tokens if the server insists
+        self.reported_model: str | None = None  # the model name in the server's replies
 
     @property
     def name(self) -> str:
@@ -104,9 +113,10 @@ class OpenAIBackend:
             return text
 
     def _scrub(self, text: str) -> str:
-        if self.api_key and self.api_key != "EMPTY" and len(self.api_key) >= 4:
-            text = text.replace(self.api_key, "***")
-        return " ".join(text.split())[:300]
+        """One line, the key masked: whole, in another case, or echoed truncated (memagent/redact.py)."""
+        from ..redact import scrub
+
+        return scrub(" ".join(text.split()))[:300]
 
     def _fail(self, what: str, attempts: int, detail: str) -> BackendError:
         self.stats["failures"] += 1
@@ -148,7 +158,9 @@ class OpenAIBackend:
             except Exception as e:  # classified below: anything unknown fails fast
                 retryable, reason, detail, retry_after = self._classify(e)
                 if not retryable or attempts > self.max_retries:
-                    raise self._fail(what, attempts, detail) from None
+                    err = self._fail(what, attempts, detail)
+                    err.retryable = retryable  # a pool (backends/pool.py) fails over only on these
+                    raise err from None
                 self.stats["retries"] += 1
                 reasons = self.stats["retry_reasons"]
                 reasons[reason] = reasons.get(reason, 0) + 1
@@ -204,6 +216,7 @@ class OpenAIBackend:
             raise
 
     def _account(self, gen: Generation) -> Generation:
+        self.reported_model = gen.extra.get("model") or self.reported_model  # what eval records as served
         self.stats["prompt_tokens"] += gen.prompt_tokens
         self.stats["completion_tokens"] += gen.completion_tokens
         return gen
@@ -265,7 +278,8 @@ def _parse_completion(content: str | bytes) -> Generation:
     return Generation(text=text, finish_reason="length" if finish == "length" else "stop",
                       prompt_tokens=_count(usage.get("prompt_tokens")),
                       completion_tokens=_count(usage.get("completion_tokens")),
-                      extra={"finish_reason": finish, "id": body.get("id")})
+                      extra={"finish_reason": finish, "id": body.get("id"),
+                             "model": body.get("model") if isinstance(body.get("model"), str) else None})
 
 
 def _count(value) -> int:

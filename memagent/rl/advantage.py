@@ -149,3 +149,19 @@ def assign_weights(rows: list[Row], loss_type: str, trajectory_weight: str, comp
                 raise ValueError(f"unknown loss_type {loss_type!r}")
         else:
             raise ValueError(f"unknown trajectory_weight {trajectory_weight!r}")
+
+
+def normalise_mini_batches(parts: list[list[Row]], mode: str, loss_type: str, trajectory_weight: str,
+                           completion_cap: int, reduce=lambda d: d) -> float:
+    """Weights for M mini-batches (one optimizer step each); returns the factor the loss is scaled by.
+
+    "batch": the weights assigned over the whole batch stay; each of the M steps is scaled by M, so the
+    M losses add up to the batch loss. "mini_batch" (the release): each mini-batch is re-weighted as its
+    own token-mean (counts summed over ranks by `reduce`), scale 1."""
+    if mode == "batch" or len(parts) == 1:
+        return float(len(parts))
+    if mode != "mini_batch":
+        raise ValueError(f"unknown mini_batch_norm {mode!r}")
+    for part in parts:
+        assign_weights(part, loss_type, trajectory_weight, completion_cap, reduce(weight_totals(part)))
+    return 1.0

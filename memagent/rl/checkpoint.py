@@ -37,13 +37,20 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(directory: str | Path, model, optimizer, scheduler, trainer_state: dict, config: dict) -> Path:
+def save(directory: str | Path, model, optimizer, scheduler, trainer_state: dict, config: dict,
+         full: tuple[dict, dict] | None = None) -> Path:
+    """`full`: (model, optimizer) states gathered from FSDP shards (rl/dist.full_state); None: local ones."""
     directory = Path(directory)
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    torch.save(trainable_state(model), tmp / "weights.pt")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if full is not None:
+        names = {n for n, p in model.named_parameters() if p.requires_grad}
+        torch.save({k: v for k, v in full[0].items() if k in names}, tmp / "weights.pt")
+        torch.save(full[1], tmp / "optimizer.pt")
+    else:
+        torch.save(trainable_state(model), tmp / "weights.pt")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
@@ -68,8 +75,14 @@ def load(directory: str | Path, model, optimizer, scheduler) -> dict:
     if missing:
         raise ValueError(f"checkpoint {directory} does not fit this model (e.g. {sorted(missing)[0]}); "
                          "was it written with other use_peft/lora settings?")
-    model.load_state_dict(weights, strict=False)
-    optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=False))
+    optim_state = torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=False)
+    from . import dist
+
+    if dist.fsdp_on():  # full tensors in the files, shards in the model: FSDP cuts them up
+        dist.load_full_state(model, optimizer, weights, optim_state)
+    else:
+        model.load_state_dict(weights, strict=False)
+        optimizer.load_state_dict(optim_state)
     scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=False))
     set_rng_state(torch.load(directory / "rng.pt", weights_only=False))
     return json.loads((directory / "trainer_state.json").read_text())

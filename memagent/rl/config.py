@@ -7,10 +7,16 @@ must not silently train with a default).
 
 Defaults follow the released MemAgent recipe where it made a choice (no std division of advantages,
 KL 0.001 with the k3 "low_var_kl" estimator, token-mean "dapo" loss, clip 0.2/0.2, lr 1e-6 with warmup,
-truncated memory updates kept in the loss, AdamW with weight decay 0.01 and grad clip 1.0),
-except one deliberate change: `trajectory_weight="equal"`. The original token-mean over all
-conversations lets a document with more chunks weigh more in the update; here every trajectory carries
-the same total weight unless you set `trajectory_weight="tokens"` (the original behaviour).
+truncated memory updates kept in the loss, AdamW with weight decay 0.01 and grad clip 1.0), except in
+four places, each with the release's behaviour one option away:
+* `trajectory_weight="equal"` (release: "tokens"). The original token-mean over all conversations lets a
+  document with more chunks weigh more in the update; here every trajectory carries the same weight.
+* `dynamic_sampling=True` (release: False; the release never enables DAPO's group filter). On a small
+  CPU batch an all-equal group carries no gradient at all, so we refill instead of wasting the step.
+* `num_mini_batches=1` (release: 16 optimizer steps per rollout batch, which is when the clip binds), and
+  with more than one, `mini_batch_norm="batch"` scales each mini-batch against the whole batch's
+  counts; the release's `mini_batch_norm="mini_batch"` makes each mini-batch its own token-mean.
+* `clip_ratio_c=None`: no dual-clip (release: 3.0 — negative-advantage tokens capped at -3A).
 """
 from __future__ import annotations
 
@@ -37,11 +43,14 @@ class TrainConfig:
     lora_dropout: float = 0.0
     lora_target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     lora_last_layers: int = 0  # adapt only the last N decoder layers (0 = all): backward stops below them
+    init_adapter: str = ""  # start LoRA from this adapter folder (save_pretrained), e.g. the SFT stage's final/
     gradient_checkpointing: bool = False
+    fsdp: bool = False  # torchrun only: shard weights, grads and Adam state over ranks (FSDP2) instead of replicating them (rl/dist.py)
     # --- task and reading workflow -------------------------------------------------------------------
     task: str = "kv"  # kv (key->value facts in filler, NIAH-like) | hotpotqa (RULER-HotpotQA-like) | charkv (tiny tests)
+    #   | notes (rl/notes_data.py: mixed needles, look-alike keys, haystacks and train-split QA; 1..num_chunks chunks)
     template: str = "notes"  # built-in prompt template name or a template file (memagent.prompts)
-    num_chunks: int = 3  # chunks per training document
+    num_chunks: int = 3  # chunks per training document (task notes: the most; each document draws 1..num_chunks)
     chunk_tokens: int = 128  # model tokens per chunk
     num_distractors: int = 2  # other key->value facts planted in the document (kv task)
     kv_values: str = "number"  # kv task values: number (4 digits, "access code") | word ("password")
@@ -83,7 +92,10 @@ class TrainConfig:
     max_steps: int = 100
     num_iterations: int = 1  # optimisation passes over each rollout batch (TRL: num_iterations, "mu")
     num_mini_batches: int = 1  # optimizer steps per pass; >1 makes later ones off-policy (old log-probs recomputed)
+    mini_batch_norm: str = "batch"  # batch (one normaliser, each mini-batch x M) | mini_batch (the release: own token-mean)
+    clip_ratio_c: float | None = None  # dual-clip cap for negative advantages (release 3.0); None = off
     max_tokens_per_microbatch: int = 4096  # padded tokens per forward; bounds memory, not the maths
+    sft_conversations_per_step: int = 8  # memagent sft: conversations per optimizer step (whole documents)
     max_nonfinite_steps: int = 3  # consecutive NaN/inf steps tolerated (each is skipped) before the run stops
     seed: int = 0
     # --- bookkeeping ---------------------------------------------------------------------------------
@@ -106,11 +118,14 @@ class TrainConfig:
         one_of("scale_rewards", ("none", "group", "batch"))
         one_of("kl_estimator", ("k1", "k2", "k3"))
         one_of("reward", ("sub_em", "boxed_em"))
-        one_of("task", ("kv", "hotpotqa", "charkv"))
+        one_of("task", ("kv", "hotpotqa", "charkv", "notes"))
         one_of("kv_values", ("number", "word"))
         one_of("backend", ("embedded", "openai"))
         one_of("lr_scheduler_type", ("constant_with_warmup", "linear", "cosine"))
         one_of("dtype", ("float32", "bfloat16", "float16"))
+        one_of("mini_batch_norm", ("batch", "mini_batch"))
+        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1:
+            raise ConfigError(f"clip_ratio_c must be > 1 (the release uses 3.0), got {self.clip_ratio_c}")
         for name in ("num_chunks", "chunk_tokens", "memory_tokens", "answer_tokens", "questions_per_step",
                      "num_generations", "max_steps", "num_iterations", "num_mini_batches",
                      "max_tokens_per_microbatch"):

@@ -216,4 +216,8 @@ def make_task(config, tokenizer: Tokenizer):
         return HotpotQATask(tokenizer, config.num_chunks, config.chunk_tokens, config.seed)
     if config.task == "charkv":
         return CharKVTask(config.num_chunks, seed=config.seed)
+    if config.task == "notes":
+        from .notes_data import NotesTask
+
+        return NotesTask(tokenizer, config.chunk_tokens, config.num_chunks, config.memory_tokens, config.seed)
     raise ValueError(f"unknown task {config.task!r}")

@@ -31,7 +31,8 @@ from ..reader import Reader, ReaderConfig
 from ..tokenizer import HFTokenizer
 from . import checkpoint, dist
 from . import metrics as metrics_io
-from .advantage import assign_weights, expand_to_rows, filter_groups, group_advantages, weight_totals
+from .advantage import (assign_weights, expand_to_rows, filter_groups, group_advantages, normalise_mini_batches,
+                        weight_totals)
 from .config import TrainConfig
 from .data import make_task
 from .loss import policy_loss
@@ -80,6 +81,10 @@ class Trainer:
             tokenizer = tokenizer or HFTokenizer.from_file(Path(path) / "tokenizer.json")
         self.model, self.hf_tokenizer = model, hf_tokenizer
         dist.broadcast_params(self.model)
+        if c.fsdp:  # shard weights, grads and Adam state over the ranks instead of replicating them (rl/dist.py)
+            if c.beta > 0 and not c.use_peft:
+                raise TrainError("fsdp with beta > 0 needs use_peft (the frozen full reference copy is not sharded)")
+            self.model = dist.shard(self.model)
         self.tokenizer = tokenizer
         self.template = template or load_template(c.template)
         self.reader = Reader(self.template, tokenizer, ReaderConfig(
@@ -114,10 +119,10 @@ class Trainer:
 
             return EmbeddedBackend(self.model, self.hf_tokenizer, name=f"policy:{c.model}",
                                    max_batch=c.rollout_max_batch, threads=c.torch_threads or None)
-        from .remote import LoraReloadSync, aiohttp_post, make_remote_backend
+        from .remote import make_remote_backend
 
-        self.sync = LoraReloadSync(aiohttp_post(c.backend_url), self.out / "adapters")
-        return make_remote_backend(c, self.model)
+        backend, self.sync = make_remote_backend(c, self.model, self.out / "adapters")  # one server or a pool
+        return backend
 
     # ---- data ---------------------------------------------------------------------------------------
 
@@ -172,15 +177,25 @@ class Trainer:
         if totals["tokens"] == 0:
             self._advance_schedule()
             return stats | {"note": "no trainable tokens"}
-        assign_weights(rows, c.loss_type, c.trajectory_weight, max(c.memory_tokens, c.answer_tokens), totals)
+        cap = max(c.memory_tokens, c.answer_tokens)
+        assign_weights(rows, c.loss_type, c.trajectory_weight, cap, totals)
         active = [r for r in rows if r.active]
         order = random.Random(request_seed(c.seed, self.step, self.rank, "shuffle"))
         order.shuffle(active)
         M = c.num_mini_batches
         parts = [sorted(active[i::M], key=lambda r: len(r.prompt_ids) + len(r.response_ids)) for i in range(M)]
+        scale = normalise_mini_batches(parts, c.mini_batch_norm, c.loss_type, c.trajectory_weight, cap, dist.sum_floats)
         minibatches = [micro_batches(p, c.max_tokens_per_microbatch, self.pad_id, self.device) for p in parts]
+        minibatches = dist.pad_microbatches(minibatches, rows)  # FSDP: the same number of forwards on every rank
         t0 = time.time()
         ref_lp, old_lp = {}, {}
+        # Dropout off for the old, reference *and* current log-probs: with LoRA dropout active two forwards
+        # of the same weights differ, so the ratio would not be 1 at lr 0 and clipping would fire on noise.
+        # Only the Dropout modules are switched (the model stays in train mode: HF's gradient checkpointing
+        # is active in train mode only).
+        dropouts = [m for m in self.model.modules() if isinstance(m, torch.nn.Dropout) and m.training]
+        for m in dropouts:
+            m.eval()
         with torch.no_grad():
             for mbs in minibatches:
                 for mb in mbs:
@@ -189,7 +204,6 @@ class Trainer:
                             ref_lp[id(mb)] = token_logprobs(self.reference.module, mb, c.temperature)[0]
                     if c.num_iterations * M > 1:
                         old_lp[id(mb)] = token_logprobs(self.model, mb, c.temperature)[0]
-        self.model.train()
         sums = {"tokens": 0.0, "clipped_low": 0.0, "clipped_high": 0.0, "kl_sum": 0.0, "ratio_sum": 0.0,
                 "entropy_sum": 0.0, "mismatch_sum": 0.0, "mismatch_tokens": 0.0, "forward_tokens": 0.0}
         losses, norms = [], []
@@ -199,14 +213,16 @@ class Trainer:
                 local_loss, ok = 0.0, True
                 for mb in mbs:
                     logp, ent = token_logprobs(self.model, mb, c.temperature, with_entropy=(it == 0))
-                    w = torch.tensor([r.weight * M for r in mb.rows], device=self.device).unsqueeze(-1) * mb.response_mask
+                    w = torch.tensor([r.weight * scale for r in mb.rows], device=self.device).unsqueeze(-1) * mb.response_mask
                     adv = torch.tensor([r.advantage for r in mb.rows], device=self.device)
                     old = old_lp.get(id(mb), logp.detach())
                     loss, st = policy_loss(logp, old, adv, w, c.epsilon, c.eps_high, ref_lp.get(id(mb)), c.beta,
-                                           c.kl_estimator)
+                                           c.kl_estimator, clip_ratio_c=c.clip_ratio_c)
                     if not torch.isfinite(loss):
                         ok = False
-                        break
+                        if not dist.fsdp_on():
+                            break
+                        loss = loss.nan_to_num(0.0, 0.0, 0.0) * 0.0  # FSDP: every rank still runs its backward
                     loss.backward()
                     local_loss += float(loss.detach())
                     if it == 0:
@@ -222,7 +238,7 @@ class Trainer:
                 # the clipping norm doubles as the finiteness check (a NaN/inf anywhere makes it non-finite),
                 # which saves a separate pass over every gradient
                 grads = [p.grad for p in self.params if p.grad is not None]
-                norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+                norm = dist.grad_norm(grads)
                 grads_ok = bool(torch.isfinite(norm))
                 flag = dist.sum_floats({"bad": float(not (ok and grads_ok))})["bad"]
                 if flag:
@@ -236,10 +252,13 @@ class Trainer:
                                          "stopping (lower learning_rate, check rewards, or use float32)")
                     continue
                 self.nonfinite = 0
-                torch.nn.utils.clip_grads_with_norm_(self.params, c.max_grad_norm, norm)
+                dist.clip_grads(self.params, c.max_grad_norm, norm)
                 norms.append(float(norm))
                 self.optimizer.step()
-                losses.append(local_loss)
+                # each rank holds its share of the globally normalised loss: the logged loss is their sum
+                losses.append(dist.sum_floats({"loss": local_loss})["loss"])
+        for m in dropouts:
+            m.train()
         self._advance_schedule()
         g = dist.sum_floats(sums)
         n = max(g["tokens"], 1.0)
@@ -268,7 +287,8 @@ class Trainer:
         t0 = time.time()
         if c.backend == "openai":  # the server must sample from the current weights
             self.backend.model = asyncio.run(self.sync.push(self.model, self.step))
-        kept, everything, dropped, rounds = self.collect()
+        with dist.gathered(self.model):  # FSDP: full weights for the whole rollout; no-op otherwise
+            kept, everything, dropped, rounds = self.collect()
         rollout_s = time.time() - t0
         gen_tokens = sum(len(cv.response_ids) for t in everything for cv in t.conversations)
         mem = [len(cv.response_ids) for t in everything for cv in t.conversations if cv.kind == "update"]
@@ -304,8 +324,10 @@ class Trainer:
         directory = Path(directory or self.out / "checkpoint")
         cursors = dist.gather_objects(self.cursor)
         state = {"step": self.step, "cursors": cursors, "world": self.world, "nonfinite": self.nonfinite}
+        full = dist.full_state(self.model, self.optimizer)  # FSDP: gathered to rank 0; every rank takes part
         if self.rank == 0:
-            checkpoint.save(directory, self.model, self.optimizer, self.scheduler, state, self.config.to_dict())
+            checkpoint.save(directory, self.model, self.optimizer, self.scheduler, state, self.config.to_dict(),
+                            full=full)
         dist.barrier()
         return directory
 
@@ -319,10 +341,11 @@ class Trainer:
         self.log(f"memagent train: resumed from {directory} at step {self.step}")
 
     def save_final(self) -> Path | None:
+        full = dist.full_state(self.model, self.optimizer)  # FSDP: every rank takes part in the gather
         if self.rank != 0:
             return None
         out = self.out / "final"
-        self.model.save_pretrained(str(out))
+        self.model.save_pretrained(str(out), **({"state_dict": full[0]} if full else {}))
         if self.hf_tokenizer is not None and hasattr(self.hf_tokenizer, "save_pretrained"):
             self.hf_tokenizer.save_pretrained(str(out))
         return out

@@ -31,14 +31,23 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3"
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor,
                 epsilon: float = 0.2, epsilon_high: float | None = None, ref_logp: torch.Tensor | None = None,
-                beta: float = 0.0, kl_estimator: str = "k3") -> tuple[torch.Tensor, dict[str, float]]:
+                beta: float = 0.0, kl_estimator: str = "k3",
+                clip_ratio_c: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """logp/old_logp/ref_logp/weights: [rows, T] (weights 0 on padding and masked rows);
-    advantages: [rows] (broadcast over tokens). Returns (loss, sums for logging over weighted tokens)."""
+    advantages: [rows] (broadcast over tokens). Returns (loss, sums for logging over weighted tokens).
+
+    clip_ratio_c: dual-clip (the release uses 3.0): on a negative advantage the per-token loss is capped
+    at -clip_ratio_c * A, so a token whose ratio exploded off-policy cannot push unboundedly."""
     eps_high = epsilon if epsilon_high is None else epsilon_high
     adv = advantages.unsqueeze(-1).to(logp.dtype)
     ratio = torch.exp(logp - old_logp)
     clipped = ratio.clamp(1.0 - epsilon, 1.0 + eps_high)
     per_token = -torch.minimum(ratio * adv, clipped * adv)
+    dual = None
+    if clip_ratio_c is not None:
+        capped = torch.minimum(per_token, -clip_ratio_c * adv)
+        dual = (adv < 0) & (capped < per_token)
+        per_token = torch.where(adv < 0, capped, per_token)
     kl = None
     if beta and ref_logp is not None:
         kl = kl_penalty(logp, ref_logp, kl_estimator)
@@ -53,5 +62,6 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         high = ((ratio > 1.0 + eps_high) & (adv > 0) & live).sum().item()
         stats = {"tokens": n, "clipped_low": low, "clipped_high": high,
                  "kl_sum": float((kl * live).sum()) if kl is not None else 0.0,
-                 "ratio_sum": float((ratio * live).sum())}
+                 "ratio_sum": float((ratio * live).sum()),
+                 "dual_clipped": int((dual & live).sum().item()) if dual is not None else 0}
     return loss, stats

@@ -50,9 +50,15 @@ def load_policy(path: str | Path, config, device: torch.device):
             # CPU roughly halves the update for short responses behind long prompts.
             n = model.config.num_hidden_layers
             extra["layers_to_transform"] = list(range(max(0, n - config.lora_last_layers), n))
-        lcfg = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                          target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM", **extra)
-        model = get_peft_model(model, lcfg)
+        if getattr(config, "init_adapter", ""):
+            from peft import PeftModel
+
+            # a later stage continues an earlier one's adapter (its own r/targets win over the config's)
+            model = PeftModel.from_pretrained(model, str(config.init_adapter), is_trainable=True)
+        else:
+            lcfg = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                              target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM", **extra)
+            model = get_peft_model(model, lcfg)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         if config.use_peft:

@@ -18,11 +18,17 @@ Design (what runs where):
   loss uses the server's sampling log-probs as old log-probs only when num_iterations*num_mini_batches
   > 1; otherwise the trainer recomputes them (on-policy ratio 1), so a numerics gap between server and
   trainer cannot bias the update. `logprob_mismatch` in metrics.jsonl watches that gap.
-What is tested here without a GPU: the request body, the parsing of ids/log-probs/finish reasons, and the
-adapter-sync calls, against a fake transport (tests/test_rl_remote.py).
+* Several servers: `backend_url = "http://a:8000,http://b:8000"` makes a pool (backends/pool.py) of
+  TokenServerBackends; every adapter is loaded on every replica that answers, rollouts go to the least
+  busy one, a replica that dies mid-rollout has its calls re-sent to another, and a dead replica is left
+  out until a later sync reaches it again (then it gets the current adapter before any rollout).
+Tested without a GPU: against a fake transport (tests/test_rl_remote.py), and end to end against two real
+`memagent serve --backend embedded` processes, which answer the same fields and LoRA calls as vLLM
+(memagent/server/lora.py; tests/test_remote_rollouts.py). The vLLM launch line is in docs/scaling.md.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Awaitable, Callable, Protocol
 
@@ -38,9 +44,13 @@ def aiohttp_post(base_url: str, api_key: str = "EMPTY", timeout: float = 600.0) 
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
             async with s.post(base_url.rstrip("/") + path, json=body,
                               headers={"Authorization": f"Bearer {api_key}"}) as r:
+                text = await r.text()
                 if r.status >= 400:
-                    raise BackendError(f"{path}: HTTP {r.status}: {(await r.text())[:200]}")
-                return await r.json(content_type=None)
+                    raise BackendError(f"{path}: HTTP {r.status}: {text[:200]}")
+                try:
+                    return json.loads(text)
+                except ValueError:  # vLLM answers the LoRA calls with plain text ("Success: ...")
+                    return {"text": text}
 
     return post
 
@@ -91,24 +101,67 @@ class WeightSync(Protocol):
 
 
 class LoraReloadSync:
-    def __init__(self, post: Post, folder: str | Path, prefix: str = "policy"):
-        self.post, self.folder, self.prefix = post, Path(folder), prefix
+    """Save the adapter, load it on every server (one `post` per replica), unload the previous one.
+
+    With several replicas, one that cannot be reached is marked down in `pool` (no rollouts go to it)
+    and tried again at the next push; it is marked up once it has the new adapter. A single server's
+    failure is raised, as is every replica failing."""
+
+    def __init__(self, post: Post | list[Post], folder: str | Path, prefix: str = "policy", pool=None):
+        self.posts = list(post) if isinstance(post, (list, tuple)) else [post]
+        self.folder, self.prefix, self.pool = Path(folder), prefix, pool
+        self.loaded: list[str | None] = [None] * len(self.posts)
         self.current: str | None = None
 
     async def push(self, model, step: int) -> str:
         name = f"{self.prefix}-{step}"
         path = self.folder / name
         model.save_pretrained(str(path))  # a peft model writes only the adapter
-        await self.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
-        if self.current:
-            await self.post("/v1/unload_lora_adapter", {"lora_name": self.current})
+        errors = []
+        for i, post in enumerate(self.posts):
+            try:
+                await post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+            except Exception as e:
+                if len(self.posts) == 1:
+                    raise
+                if "already been loaded" not in str(e):  # another rank of this run loaded it: fine
+                    errors.append(f"replica {i}: {e}")
+                    if self.pool is not None:
+                        self.pool.set_healthy(i, False)
+                    continue
+            old, self.loaded[i] = self.loaded[i], name
+            if old and old != name:
+                try:
+                    await post("/v1/unload_lora_adapter", {"lora_name": old})
+                except Exception:  # a restarted replica no longer has it
+                    if len(self.posts) == 1:
+                        raise
+            if self.pool is not None:
+                self.pool.set_healthy(i, True)
+        if len(errors) == len(self.posts):
+            raise BackendError("no rollout server took the new adapter: " + "; ".join(errors))
         self.current = name
         return name
 
 
-def make_remote_backend(config, model):
-    if not config.backend_url:
+def make_remote_backend(config, model, folder: str | Path | None = None):
+    """(backend, weight sync) for `backend = "openai"`; several comma-separated URLs make a pool."""
+    from ..backends.pool import PoolBackend, split_urls
+
+    urls = split_urls(config.backend_url)
+    if not urls:
         raise BackendError("backend = 'openai' needs backend_url (the vLLM server, e.g. http://127.0.0.1:8000)")
     if not config.use_peft:
         raise BackendError("server rollouts currently sync weights as a LoRA adapter: set use_peft = true")
-    return TokenServerBackend(aiohttp_post(config.backend_url), model=config.model)
+    folder = Path(folder or Path(config.output_dir) / "adapters")
+    posts = [aiohttp_post(u) for u in urls]
+    backends = [TokenServerBackend(p, model=config.model, name=f"vllm@{u}") for p, u in zip(posts, urls)]
+    if len(urls) == 1:
+        return backends[0], LoraReloadSync(posts[0], folder)
+
+    async def revived_only_by_a_sync(replica) -> bool:
+        return False  # a replica back from the dead lacks the current adapter until the next push
+
+    pool = PoolBackend(backends, urls, probe=revived_only_by_a_sync, probe_interval=3600.0, wait_healthy=30.0,
+                       name=f"vllm-pool[{len(urls)}]")
+    return pool, LoraReloadSync(posts, folder, pool=pool)

@@ -81,7 +81,11 @@ def run_tiny(folder: str | Path, steps: int, **overrides) -> None:
     trainer = tiny_trainer(folder, **overrides)
     for _ in range(steps):
         trainer.train_step()
-    torch.save({k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
-               Path(folder) / f"params-{trainer.rank}.pt")
+    full = dist.full_state(trainer.model, trainer.optimizer)  # FSDP: the unsharded weights, on rank 0 only
+    if full is None:
+        torch.save({k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
+                   Path(folder) / f"params-{trainer.rank}.pt")
+    elif trainer.rank == 0:
+        torch.save({k: v.detach().clone() for k, v in full[0].items()}, Path(folder) / "params-0.pt")
     asyncio.run(trainer.aclose())
     dist.finish()

@@ -3,11 +3,13 @@
 Pure functions over plain dicts (no aiohttp), so validation is unit-testable without a socket. Any
 client that speaks to vLLM or OpenAI must be able to speak to us, so we accept what they accept for the
 fields that matter (`max_tokens` or `max_completion_tokens`, content as a string or a list of text
-parts) and answer unsupported features (streaming, n > 1, tools) with a clear 400 rather than silently
-ignoring them.
+parts, `stream`) and answer unsupported features (n > 1, tools) with a clear 400 rather than silently
+ignoring them. Anything a client can get wrong is a 400 here, never a 500 later (clients retry 500s):
+a lone surrogate in the text, a seed outside the 64-bit range.
 """
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -16,6 +18,8 @@ from ..protocol import Generation, GenerationRequest
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 DEFAULT_MAX_TOKENS = 512  # OpenAI's default is "up to the context"; a small model needs a bound
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed accepts
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class RequestError(Exception):
@@ -64,15 +68,28 @@ def _content(message: dict, i: int) -> str:
     if content is None:
         return ""  # an assistant turn that only called tools; harmless as empty text
     if isinstance(content, str):
-        return content
+        return _no_surrogate(content, i)
     if isinstance(content, list):  # [{"type": "text", "text": "..."}], as newer clients send
         texts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise RequestError(f"messages[{i}].content: only text parts are supported", param="messages")
             texts.append(part["text"])
-        return "".join(texts)
+        content = "".join(texts)
+        return _no_surrogate(content, i)
     raise RequestError(f"messages[{i}].content must be a string or a list of text parts", param="messages")
+
+
+def check_text(text: str, param: str, where: str | None = None) -> str:
+    """'\\ud800' is valid JSON but not text: no tokenizer can encode it, so it is a 400 here, not a 500
+    later. Cheap for ASCII (most text)."""
+    if not text.isascii() and _SURROGATE.search(text):
+        raise RequestError(f"'{where or param}' contains a lone surrogate (not valid Unicode text)", param=param)
+    return text
+
+
+def _no_surrogate(text: str, i: int) -> str:
+    return check_text(text, "messages", f"messages[{i}].content")
 
 
 def parse_messages(value) -> list[dict]:
@@ -99,13 +116,17 @@ def parse_chat_request(body) -> ChatRequest:
     if model is not None and not isinstance(model, str):
         raise RequestError("'model' must be a string", param="model")
     messages = parse_messages(body.get("messages"))
-    if body.get("stream"):
-        raise RequestError("streaming is not supported by this server; send stream=false", param="stream")
+    if not isinstance(body.get("stream", False), (bool, type(None))):
+        raise RequestError("'stream' must be true or false", param="stream")
     n = _int(body, "n")
     if n not in (None, 1):
         raise RequestError("only n=1 is supported", param="n")
     if body.get("tools") or body.get("functions"):
         raise RequestError("tool calling is not supported by this server", param="tools")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise RequestError("response_format (JSON mode, schemas) is not supported by this server; omit it or "
+                           "send {'type': 'text'}", param="response_format")
     max_tokens = _int(body, "max_completion_tokens")
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens")
@@ -114,12 +135,15 @@ def parse_chat_request(body) -> ChatRequest:
         key = "max_completion_tokens"
     if max_tokens is not None and max_tokens <= 0:
         raise RequestError(f"'{key}' must be a positive integer, got {max_tokens}", param=key)
+    seed = _int(body, "seed")
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise RequestError("'seed' must fit in 64 bits", param="seed")
     generation = GenerationRequest(
         messages=messages,
         max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-        seed=_int(body, "seed"),
+        seed=seed,
     )
     return ChatRequest(model=model, generation=generation)
 

@@ -16,7 +16,8 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 
-from ..protocol import Backend, BackendError
+from ..protocol import Backend, BackendError, PromptTooLongError
+from . import lora
 from .protocol import RequestError, chat_completion, parse_chat_request
 
 FAULT_KINDS = ("500", "429", "hang", "close", "malformed", "empty")
@@ -87,19 +88,26 @@ class ChatService:
 
     def __init__(self, backend: Backend, model_name: str):
         self.backend, self.model_name = backend, model_name
+        self.adapters = None  # LoRA adapters loaded at run time (server/lora.py), set by build_app
         self.stats = {"requests": 0, "completed": 0, "errors": 0, "faults": 0, "in_flight": 0, "max_in_flight": 0}
 
     async def complete(self, body) -> dict:
         """Validated body -> response dict; raises RequestError for the client's mistakes."""
         request = parse_chat_request(body)
-        if request.model is not None and request.model != self.model_name:
+        adapter = self.adapters.get(request.model) if self.adapters is not None else None  # server/lora.py
+        want_ids, want_logprobs = lora.requested(body)  # vLLM's return_token_ids / logprobs
+        request.generation.return_tokens = want_ids or want_logprobs
+        if adapter is None and request.model is not None and request.model != self.model_name:
             raise RequestError(f"The model `{request.model}` does not exist. This server serves `{self.model_name}`.",
                                status=404, param="model", code="model_not_found")
         s = self.stats
         s["in_flight"] += 1
         s["max_in_flight"] = max(s["max_in_flight"], s["in_flight"])
         try:
-            gen = await self.backend.generate(request.generation)
+            gen = await (adapter or self.backend).generate(request.generation)
+        except PromptTooLongError as e:  # the client's mistake: 400, so that it does not retry
+            s["errors"] += 1
+            raise RequestError(str(e), status=400, param="messages", code="context_length_exceeded") from None
         except (BackendError, ValueError) as e:
             s["errors"] += 1
             raise RequestError(f"generation failed: {e}", status=500, type="server_error") from None
@@ -110,4 +118,7 @@ class ChatService:
         finally:
             s["in_flight"] -= 1
         s["completed"] += 1
-        return chat_completion(gen, self.model_name)
+        out = chat_completion(gen, request.model if adapter is not None else self.model_name)
+        if want_ids or want_logprobs:
+            out = lora.add_fields(out, gen, want_ids, want_logprobs, getattr(adapter or self.backend, "tokenizer", None))
+        return out

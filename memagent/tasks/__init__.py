@@ -56,14 +56,19 @@ _UNITS = {"": 1, "k": 1000, "m": 1000_000}
 
 
 def parse_length(text: str) -> int:
-    """'7k' -> 7000, '1.75m' -> 1750000, '8192' -> 8192. (1K = 1000 tokens, as MemAgent's table uses.)
+    """'4k' -> 4096, '7k' -> 7000, '1.75m' -> 1750000, '8192' -> 8192.
 
-    Exception: RULER's powers of two are written '8k'..'128k' too; pass exact numbers (8192) for those.
+    Two conventions meet here: RULER writes its powers of two as 4k, 8k ... 128k (4k = 4096 tokens),
+    MemAgent's table writes 7K, 14K ... 3.5M in thousands. So a whole power of two before 'k' counts
+    in 1024s, every other 'k' in 1000s, 'm' in millions; exact numbers are always exact.
     """
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*", text)
     if not m:
-        raise ValueError(f"cannot read length {text!r}; use e.g. 7k, 28000, 1.75m")
-    value = round(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        raise ValueError(f"cannot read length {text!r}; use e.g. 4k (4096), 7k (7000), 28000, 1.75m")
+    number, unit = float(m.group(1)), m.group(2).lower()
+    if unit == "k" and number.is_integer() and _power_of_two(int(number)):
+        return int(number) * 1024
+    value = round(number * _UNITS[unit])
     if value <= 0:
         raise ValueError(f"length must be positive: {text!r}")
     return value
@@ -76,7 +81,16 @@ def parse_lengths(text: str) -> list[int]:
     return out
 
 
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
 def format_length(n: int) -> str:
+    """The label `parse_length` reads back as `n`: 4096 -> '4K', 7000 -> '7K', 4000 -> '4000'."""
+    if n % 1024 == 0 and _power_of_two(n // 1024):
+        return f"{n // 1024}K"
+    if n % 1000 == 0 and n < 1000_000 and _power_of_two(n // 1000):
+        return str(n)  # '4K' would read back as 4096
     for unit, size in (("M", 1000_000), ("K", 1000)):
         if n >= size and n % (size // 100) == 0:
             return f"{n / size:g}{unit}"

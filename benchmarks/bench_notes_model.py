@@ -1,0 +1,128 @@
+"""Before vs after: the untrained base against our trained memory model, same documents, same seeds.
+
+Every cell is one `memagent eval` run (RULER tasks, greedy, the embedded defaults 512 / 64, the notes
+template) or one planted-fact run (benchmarks/planted_fact.py, test split), for each model and with the
+lexical skip gate off and on. Runs go to benchmarks/results/eval_runs/notes/<model>/<gate>/<cell> and
+resume where they stopped (rerun the same command); the table of every finished cell is collected into
+benchmarks/results/notes_model.json with the command, date and machine, and printed.
+
+    python benchmarks/bench_notes_model.py --cells niah_multikey_2@4k,niah_single_1@16k --n 8
+    python benchmarks/bench_notes_model.py --cells planted@4 --n 10 --gates off
+    python benchmarks/bench_notes_model.py --collect          # only rebuild the JSON from finished runs
+
+A cell is TASK@LENGTH (any `memagent eval tasks` name; lengths as eval reads them, 4k = 4096) or
+planted@CHUNKS. The documents are generated from seeds (eval --seed 42, planted-fact's test split):
+none of them is in the training data, whose generator (memagent/rl/notes_data.py) draws other keys,
+values and wordings, and whose SQuAD/HotpotQA questions come from the other half of the articles.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "benchmarks" / "results" / "eval_runs" / "notes"
+OUT = ROOT / "benchmarks" / "results" / "notes_model.json"
+
+
+def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads: int) -> Path:
+    name, at = cell.split("@")
+    folder = RUNS / Path(model).name / gate / cell.replace("@", "-")
+    folder.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if name == "planted":
+        out = folder / "planted.json"
+        if out.is_file() and json.loads(out.read_text()).get("docs") == n:
+            return folder
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "planted_fact.py"), "--split", "test", "--chunks", at,
+               "--docs", str(n), "--model", model, "--concurrency", str(concurrency), "--out", str(out)]
+        if gate != "off":
+            cmd += ["--skip-update", gate]
+    else:
+        cmd = [sys.executable, "-m", "memagent", "eval", "--task", name, "--lengths", at, "--n", str(n),
+               "--model", model, "--concurrency", str(concurrency), "--threads", str(threads),
+               "--skip-update", gate, "--no-plot", "--out", str(folder)]
+    print("+", " ".join(cmd), file=sys.stderr, flush=True)
+    subprocess.run(cmd, check=True, env=env, cwd=ROOT)
+    return folder
+
+
+def rows_of(model: str, gate: str, folder: Path) -> list[dict]:
+    out = []
+    planted = folder / "planted.json"
+    if planted.is_file():
+        d = json.loads(planted.read_text())
+        for r in d.get("results", []):
+            out.append({"model": Path(model).name, "gate": gate, "task": "planted_fact", "length": f"{r['chunks']} chunks",
+                        "n": r["docs"], "accuracy": round(100 * r["accuracy"], 1),
+                        "seconds_per_doc": r.get("seconds_per_doc"), "fact_in_memory": r.get("fact_in_final_memory")})
+    summary = folder / "summary.json"
+    if summary.is_file():
+        d = json.loads(summary.read_text())
+        for r in d["results"]:
+            out.append({"model": Path(model).name, "gate": gate, "task": r["task"], "length": r["length"],
+                        "n": r["n"], "accuracy": r["accuracy"], "seconds_per_doc": r["seconds_per_sample"],
+                        "failures": r["failures"], "calls": r["calls"], "skipped_chunks": r.get("skipped_chunks")})
+    return out
+
+
+def collect(command: str) -> dict:
+    rows = []
+    for model_dir in sorted(RUNS.glob("*")):
+        for gate_dir in sorted(model_dir.glob("*")):
+            for cell in sorted(gate_dir.glob("*")):
+                rows += rows_of(model_dir.name, gate_dir.name, cell)
+    result = {"what": "accuracy (%) of the untrained base vs our trained memory model, greedy, same documents; "
+                      "seconds_per_doc is wall time per document with the other documents of the cell read "
+                      "concurrently (a loaded 2-core machine: training and tests ran beside it)",
+              "command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+              "rows": rows}
+    OUT.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def print_table(result: dict) -> None:
+    cells = sorted({(r["task"], str(r["length"]), r["gate"]) for r in result["rows"]})
+    models = sorted({r["model"] for r in result["rows"]})
+    print("| task | length | gate | " + " | ".join(f"{m} acc (n) | s/doc" for m in models) + " |")
+    print("|---|---|---|" + "---|---|" * len(models))
+    for task, length, gate in cells:
+        line = f"| {task} | {length} | {gate} |"
+        for m in models:
+            r = next((x for x in result["rows"] if (x["task"], str(x["length"]), x["gate"], x["model"]) ==
+                      (task, length, gate, m)), None)
+            line += f" {r['accuracy']:.0f}% ({r['n']}) | {r['seconds_per_doc']} |" if r else " — | — |"
+        print(line)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="smollm2-135m,memagent-notes-135m", help="comma list: registry names or HF folders")
+    ap.add_argument("--cells", default="niah_single_1@16k,niah_multikey_2@16k,planted@4")
+    ap.add_argument("--gates", default="off,lexical", help="skip-update modes to run: off, lexical")
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=8, help="documents read at once (batched)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--collect", action="store_true", help="only rebuild the JSON from finished runs")
+    args = ap.parse_args(argv)
+    command = "python benchmarks/bench_notes_model.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if not args.collect:
+        for cell in args.cells.split(","):
+            for gate in args.gates.split(","):
+                for model in args.models.split(","):
+                    run_cell(model, gate, cell, args.n, args.concurrency, args.threads)
+                    print_table(collect(command))
+    print_table(collect(command))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,311 @@
+"""Training documents whose evidence a program knows, for teaching a small model to keep notes.
+
+Why a separate generator (not `data.KVTask`): the skill we train is *what to keep and what to drop*, and
+an untrained model fails exactly where the document holds look-alike facts for other keys. So every
+document here mixes, by a seeded draw:
+* facts in one of several wordings (not one benchmark's), keys and values of several shapes (word pairs,
+  numbers, UUID-like ids, names, codes), one to three values per asked key, zero to many distractor keys
+  in the same wording, sometimes keys that share a word with the asked one;
+* haystacks of different kinds: essay prose, repeated noise sentences, lines made *only* of distractor
+  facts, HotpotQA / SQuAD paragraphs;
+* question phrasings with and without a preamble;
+* document-QA questions from the *training* halves of SQuAD (split by article) and HotpotQA (split by
+  gold title), whose evidence sentences are known (the answer's sentence; the supporting facts);
+* 1 to `max_chunks` chunks of `chunk_tokens` tokens.
+
+Each sample also carries `meta["evidence"]`: per chunk, the evidence sentences it holds. From that,
+`oracle_memories` writes the notes a perfect reader would keep (the evidence seen so far, verbatim),
+which is what the supervised warm start (rl/sft.py) imitates. RL (rl/engine.py) uses the same samples and
+looks only at the final answer. Sample `i` is a pure function of (seed, i), like rl/data.py.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import uuid
+
+from ..tasks import data as corpora
+from ..tokenizer import Tokenizer
+from .data import Sample
+
+RULER_NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+FACTS = (  # {t}: the value's kind, singular; {T}: plural
+    "One of the special magic {T} for {k} is: {v}.",
+    "The {t} for {k} is {v}.",
+    "{K} has been assigned the {t} {v}.",
+    "Remember: the secret {t} of {k} is {v}.",
+    "Note for later - {k}: {t} {v}.",
+    "The {t} that belongs to {k} is {v}.",
+    "According to the records, the {t} of {k} is {v}.",
+    "If anyone asks about {k}, the {t} is {v}.",
+)
+QUESTIONS = (
+    "What is the {t} for {k}?",
+    "What are all the special magic {T} for {k} mentioned in the provided text?",
+    "Find the {t} of {k}.",
+    "Which {t} was given to {k}?",
+    "Tell me the {t} associated with {k}.",
+    "{K}: what is its {t}?",
+    "What {t} does the text give for {k}?",
+)
+PREAMBLES = (
+    "",
+    "",
+    "Some special magic {T} are hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the {T} afterwards.\n",
+    "The text below hides a few {T}; keep track of them.\n",
+    "Read carefully, you will be asked about one {t}.\n",
+)
+KINDS = {  # value kind -> (singular names, plural names)
+    "numbers": (("number", "code", "PIN"), ("numbers", "codes", "PINs")),
+    "words": (("word", "password"), ("words", "passwords")),
+    "uuids": (("uuid", "identifier"), ("uuids", "identifiers")),
+    "codes": (("serial", "code"), ("serials", "codes")),
+}
+_FIRST = ("Alma", "Bruno", "Chiara", "Dmitri", "Esther", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Keiko",
+          "Lars", "Mira", "Nadia", "Oskar", "Priya", "Quentin", "Rosa", "Tomas", "Ulla", "Viktor", "Wen")
+_LAST = ("Abbott", "Brennan", "Castillo", "Dufour", "Eriksen", "Fischer", "Gallo", "Horvat", "Ivanova",
+         "Jensen", "Kowalski", "Lindqvist", "Moreau", "Novak", "Okafor", "Petrov", "Quinn", "Rossi")
+_PLACES = ("Project", "Room", "Vault", "Account", "Locker", "Station", "Ticket", "Unit", "Batch", "Server")
+
+
+def split_of(name: str, eval_share: float = 0.5) -> str:
+    """'train' or 'eval' for an article/title, stable across runs and machines (sha256, not hash())."""
+    h = int(hashlib.sha256(name.encode("utf-8")).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return "eval" if h < eval_share else "train"
+
+
+def _key(kind: str, rng: random.Random) -> str:
+    w = corpora.wonderwords_lists()
+    if kind == "words":
+        return f"{rng.choice(w['adjective'])}-{rng.choice(w['noun'])}"
+    if kind == "numbers":
+        return str(rng.randint(10 ** 5, 10 ** 7 - 1))
+    if kind == "uuids":
+        return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    if kind == "names":
+        return f"{rng.choice(_FIRST)} {rng.choice(_LAST)}"
+    return f"{rng.choice(_PLACES)} {rng.choice(w['noun']).capitalize()}"
+
+
+def _near_key(kind: str, key: str, rng: random.Random) -> str:
+    """A look-alike key: shares a word (or digits) with `key`."""
+    if kind == "words" and "-" in key:
+        a, _ = key.split("-", 1)
+        return f"{a}-{rng.choice(corpora.wonderwords_lists()['noun'])}"
+    if kind == "names":
+        return f"{key.split(' ')[0]} {rng.choice(_LAST)}"
+    if kind == "places":
+        return f"{key.split(' ')[0]} {rng.choice(corpora.wonderwords_lists()['noun']).capitalize()}"
+    return _key(kind, rng)
+
+
+def _value(kind: str, rng: random.Random) -> str:
+    if kind == "numbers":
+        d = rng.randint(4, 9)
+        return str(rng.randint(10 ** (d - 1), 10 ** d - 1))
+    if kind == "words":
+        w = corpora.wonderwords_lists()
+        return f"{rng.choice(w['adjective'])}-{rng.choice(w['noun'])}"
+    if kind == "uuids":
+        return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    return f"{''.join(rng.choice('ABCDEFGHJKLMNPRSTUVWXYZ') for _ in range(2))}-{rng.randint(100, 99999)}"
+
+
+class NotesTask:
+    """Mixed needle and document-QA samples with known evidence (see the module docstring)."""
+
+    name = "notes"
+
+    def __init__(self, tokenizer: Tokenizer, chunk_tokens: int = 512, max_chunks: int = 8, memory_tokens: int = 64,
+                 seed: int = 0, min_chunks: int = 1, qa_share: float = 0.25):
+        self.tok, self.chunk_tokens, self.max_chunks = tokenizer, chunk_tokens, max_chunks
+        self.min_chunks, self.memory_tokens, self.seed, self.qa_share = min_chunks, memory_tokens, seed, qa_share
+        self._pools: dict = {}
+
+    def held_out(self) -> "NotesTask":
+        return self  # evaluation uses other generators (tasks/ruler.py, benchmarks), never these indices
+
+    def ntok(self, text: str) -> int:
+        return len(self.tok.encode(text))
+
+    # ---- haystacks ---------------------------------------------------------------------------------
+
+    def _pool(self, name: str) -> list[str]:
+        if name not in self._pools:
+            if name == "essay":
+                self._pools[name] = corpora.essay_sentences()
+            elif name == "squad":
+                data = corpora.load_json("squad")
+                self._pools[name] = [p["context"] for a in data["data"] if split_of(a["title"]) == "train"
+                                     for p in a["paragraphs"]]
+            elif name == "hotpot":
+                seen, out = set(), []
+                for d in corpora.load_json("hotpotqa"):
+                    for t, s in d["context"]:
+                        if t not in seen and split_of(t) == "train":
+                            seen.add(t)
+                            out.append(f"{t}\n{''.join(s)}")
+                self._pools[name] = out
+        return self._pools[name]
+
+    def _filler(self, kind: str, rng: random.Random, fact_fmt: str, kinds: tuple[str, str], avoid: set):
+        """An endless stream of (text, separator) haystack units of one kind."""
+        if kind == "essay":
+            sents = self._pool("essay")
+            i = rng.randrange(len(sents))
+            while True:
+                yield sents[i % len(sents)], " "
+                i += 1
+        elif kind == "noise":
+            own = rng.random() < 0.5
+            while True:
+                yield (RULER_NOISE if not own else corpora_filler(rng)), " "
+        elif kind == "needle":  # every line a fact for another key: only the key tells them apart
+            while True:
+                k = _key(kinds[0], rng)
+                if k not in avoid:
+                    yield fact_fmt.format(k=k, K=k[0].upper() + k[1:], v=_value(kinds[1], rng)), "\n"
+        else:  # squad / hotpot paragraphs, sentence by sentence, a blank line between paragraphs
+            paras = self._pool(kind)
+            while True:
+                sents = corpora.split_sentences(paras[rng.randrange(len(paras))])
+                for j, s in enumerate(sents):
+                    yield s, ("\n\n" if j == len(sents) - 1 else " ")
+
+    def _pack(self, units: list[tuple[str, str, bool]], n_chunks: int):
+        """Units (text, separator, is_evidence) into chunks of <= chunk_tokens tokens, whole units only."""
+        chunks, evidence, cur, cur_ev, used = [], [], [], [], 0
+        for text, sep, ev in units:
+            n = self.ntok(text + sep)
+            if used + n > self.chunk_tokens and cur:
+                chunks.append("".join(cur))
+                evidence.append(cur_ev)
+                cur, cur_ev, used = [], [], 0
+                if len(chunks) == n_chunks:
+                    break
+            cur.append(text + sep)
+            used += n
+            if ev:
+                cur_ev.append(text)
+        if cur and len(chunks) < n_chunks:
+            chunks.append("".join(cur))
+            evidence.append(cur_ev)
+        return chunks, evidence
+
+    def _layout(self, rng, n_chunks, filler, planted: list[str]) -> tuple[list[str], list[list[str]]]:
+        """Filler units for n_chunks chunks with the planted sentences at random unit positions."""
+        budget = n_chunks * self.chunk_tokens
+        units, used = [], 0
+        planted_cost = sum(self.ntok(p) + 1 for p in planted)
+        while used + planted_cost < budget * 0.97:
+            text, sep = next(filler)
+            units.append((text, sep, False))
+            used += self.ntok(text + sep)
+        sep = "\n" if all(u[1] == "\n" for u in units) else " "
+        for p in planted:
+            units.insert(rng.randint(0, len(units)), (p, sep, True))
+        return self._pack(units, n_chunks)
+
+    # ---- samples -----------------------------------------------------------------------------------
+
+    def sample(self, index: int) -> Sample:
+        for attempt in range(50):
+            rng = random.Random(f"notes:{self.seed}:{index}:{attempt}")
+            n_chunks = rng.randint(self.min_chunks, self.max_chunks)
+            s = (self._qa(rng, n_chunks, index) if rng.random() < self.qa_share
+                 else self._needle(rng, n_chunks, index))
+            if s is not None and self._fits(s):
+                return s
+        raise RuntimeError(f"notes task: no sample fits for index {index}")
+
+    def _fits(self, s: Sample) -> bool:
+        ev = [e for per in s.meta["evidence"] for e in per]
+        return bool(ev) and self.ntok("\n".join(ev)) <= self.memory_tokens - 4
+
+    def _needle(self, rng: random.Random, n_chunks: int, index: int) -> Sample | None:
+        key_kind = rng.choice(("words", "words", "numbers", "uuids", "names", "places"))
+        val_kind = rng.choice(("numbers", "numbers", "words", "uuids", "codes"))
+        t = rng.choice(KINDS[val_kind][0])
+        T = KINDS[val_kind][1][KINDS[val_kind][0].index(t)]
+        fmt = rng.choice(FACTS).replace("{t}", t).replace("{T}", T)
+        key = _key(key_kind, rng)
+        n_vals = 1 if rng.random() < 0.8 or val_kind == "uuids" else rng.randint(2, 3)
+        values = [_value(val_kind, rng) for _ in range(n_vals)]
+        n_dis = rng.choice((0, 1, 2, 3, 4, 6, 8))
+        dis_keys = set()
+        while len(dis_keys) < n_dis:
+            k = _near_key(key_kind, key, rng) if rng.random() < 0.3 else _key(key_kind, rng)
+            if k != key:
+                dis_keys.add(k)
+        cap = lambda k: k[0].upper() + k[1:]  # noqa: E731
+        gold = [fmt.format(k=key, K=cap(key), v=v) for v in values]
+        distract = [fmt.format(k=k, K=cap(k), v=_value(val_kind, rng)) for k in sorted(dis_keys)]
+        hay = rng.choice(("essay", "essay", "noise", "needle", "needle", "squad", "hotpot"))
+        filler = self._filler(hay, rng, fmt, (key_kind, val_kind), dis_keys | {key})
+        chunks, ev_sents = self._layout(rng, n_chunks, filler, gold + distract)
+        evidence = [[e for e in per if e in gold] for per in ev_sents]
+        q = rng.choice(QUESTIONS)
+        if n_vals > 1:
+            q = rng.choice((QUESTIONS[1], "List every {t} given for {k}.", "What are the {T} for {k}?"))
+        question = (rng.choice(PREAMBLES) + q).replace("{t}", t).replace("{T}", T)
+        question = question.replace("{K}", cap(key)).replace("{k}", key)
+        return Sample(id=f"notes-{self.seed}-{index}", question=question, answers=tuple(values), chunks=tuple(chunks),
+                      meta={"evidence": evidence, "haystack": hay, "distractors": n_dis, "kind": "needle"})
+
+    def _qa(self, rng: random.Random, n_chunks: int, index: int) -> Sample | None:
+        if rng.random() < 0.6:
+            data = corpora.load_json("squad")
+            arts = [a for a in data["data"] if split_of(a["title"]) == "train"]
+            para = rng.choice(rng.choice(arts)["paragraphs"])
+            qas = [q for q in para["qas"] if not q.get("is_impossible") and q["answers"]]
+            if not qas:
+                return None
+            qa = rng.choice(qas)
+            answer = qa["answers"][0]["text"]
+            sents = corpora.split_sentences(para["context"])
+            gold_sents = [s for s in sents if answer in s][:1]
+            question, hay = qa["question"], "squad"
+        else:
+            data = corpora.load_json("hotpotqa")
+            d = data[rng.randrange(len(data))]
+            titles = {t for t, _ in d["supporting_facts"]}
+            if any(split_of(t) != "train" for t in titles) or d["answer"].lower() in ("yes", "no"):
+                return None
+            ctx = dict((t, s) for t, s in d["context"])
+            gold_sents = []
+            for t, i in d["supporting_facts"]:
+                if t in ctx and i < len(ctx[t]):
+                    gold_sents.append(ctx[t][i].strip())
+            sents, question, answer, hay = gold_sents, d["question"], d["answer"], "hotpot"
+            if not any(answer.lower() in s.lower() for s in gold_sents):
+                return None
+        if not gold_sents:
+            return None
+        filler = self._filler(rng.choice(("squad", "hotpot", "essay")), rng, "", ("words", "numbers"), set())
+        chunks, ev_sents = self._layout(rng, n_chunks, filler, gold_sents)
+        evidence = [[e for e in per if e in gold_sents] for per in ev_sents]
+        if rng.random() < 0.3:
+            question = ("Answer the question based on the given documents. Only give me the answer and do not "
+                        f"output any other words.\n\nQuestion: {question}")
+        return Sample(id=f"notes-{self.seed}-{index}", question=question, answers=(answer,), chunks=tuple(chunks),
+                      meta={"evidence": evidence, "haystack": hay, "distractors": 0, "kind": "qa"})
+
+
+def corpora_filler(rng: random.Random) -> str:
+    from .data import _filler_sentence
+
+    return _filler_sentence(rng).strip()
+
+
+def oracle_memories(sample: Sample, empty: str) -> list[str]:
+    """The notes after each chunk: every evidence sentence seen so far, verbatim, one per line."""
+    kept, out = [], []
+    for per in sample.meta["evidence"]:
+        kept += [e for e in per if e not in kept]
+        out.append("\n".join(kept) if kept else empty)
+    return out
+
+
+def oracle_answer(sample: Sample) -> str:
+    return "\\boxed{" + ", ".join(sample.answers) + "}"

@@ -1,0 +1,68 @@
+"""Issue 11, items 4 and 6 for `memagent eval`: a template is recorded by its content, every flag is checked
+before config.json is written, and one folder has one writer at a time. The real CLI (its main, in-process:
+flock conflicts between two opens in one process as between two processes), instant backend, one
+1K-token sample each."""
+import contextlib
+import io
+import json
+from pathlib import Path
+
+from memagent.fileio import exclusive
+
+TEMPLATE = 'update = "{question}|{memory}|{chunk}"\nfinal = "%s {question}|{memory}"\nempty_memory = "-"\n'
+
+
+class Result:
+    def __init__(self, returncode, stderr):
+        self.returncode, self.stderr = returncode, stderr
+
+
+def evaluate(out, *args):
+    """`memagent eval ...` through the CLI's own main (in-process: the sample builders stay warm)."""
+    from memagent.cli import main
+
+    argv = ["eval", "--task", "niah_single_1", "--lengths", "1k", "--n", "1", "--backend", "instant", "--no-plot",
+            "--out", str(out), *args]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(argv)
+    return Result(code, err.getvalue())
+
+
+def one_error_line(p, pattern):
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("memagent: error:"), p.stderr
+    assert pattern.lower() in lines[0].lower(), lines[0]
+
+
+def test_edited_template_file_is_another_template(tmp_path):
+    t, out = tmp_path / "my.toml", tmp_path / "run"
+    t.write_text(TEMPLATE % "Answer:")
+    assert evaluate(out, "--template", str(t)).returncode == 0
+    assert evaluate(out, "--template", str(t), "--n", "2").returncode == 0  # same wording: resumes and grows
+    t.write_text(TEMPLATE % "Reply:")
+    p = evaluate(out, "--template", str(t), "--n", "3")
+    one_error_line(p, "template_digest")
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 2  # nothing mixed in
+
+
+def test_flags_checked_before_config_is_written(tmp_path):
+    out = tmp_path / "direct"
+    one_error_line(evaluate(out, "--method", "direct"), "--context-window")
+    assert not (out / "config.json").exists()
+    p = evaluate(out, "--method", "direct", "--context-window", "4096")  # the corrected command is not refused
+    assert p.returncode == 0, p.stderr
+    assert json.loads((out / "config.json").read_text())["identity"]["context_window"] == 4096
+    one_error_line(evaluate(tmp_path / "t", "--temperature", "nan"), "--temperature must be a finite")
+    assert not (tmp_path / "t").exists()
+
+
+def test_second_eval_on_one_folder_is_refused(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    with exclusive(out, "eval folder"):
+        one_error_line(evaluate(out), "in use by another memagent process")
+    assert sorted(x.name for x in out.iterdir()) == []
+    assert evaluate(out).returncode == 0
+    assert ".lock" not in [x.name for x in out.iterdir()] and not list(out.glob("*.tmp*"))
