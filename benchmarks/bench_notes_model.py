@@ -33,6 +33,10 @@ RUNS = ROOT / "benchmarks" / "results" / "eval_runs" / "notes"
 OUT = ROOT / "benchmarks" / "results" / "notes_model.json"
 
 
+# The embedded defaults, spelled out: a model given as a folder would otherwise get the server defaults.
+SETTINGS = ["--template", "notes", "--chunk-tokens", "512", "--memory-tokens", "64"]
+
+
 def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads: int) -> Path:
     name, at = cell.split("@")
     folder = RUNS / Path(model).name / gate / cell.replace("@", "-")
@@ -40,16 +44,16 @@ def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if name == "planted":
         out = folder / "planted.json"
-        if out.is_file() and json.loads(out.read_text()).get("docs") == n:
+        if out.is_file() and all(r["docs"] == n for r in json.loads(out.read_text())["runs"]):
+            return folder
+        if gate != "off":  # planted_fact.py reads every chunk; the gate's effect is measured on RULER cells
             return folder
         cmd = [sys.executable, str(ROOT / "benchmarks" / "planted_fact.py"), "--split", "test", "--chunks", at,
                "--docs", str(n), "--model", model, "--concurrency", str(concurrency), "--out", str(out)]
-        if gate != "off":
-            cmd += ["--skip-update", gate]
     else:
         cmd = [sys.executable, "-m", "memagent", "eval", "--task", name, "--lengths", at, "--n", str(n),
                "--model", model, "--concurrency", str(concurrency), "--threads", str(threads),
-               "--skip-update", gate, "--no-plot", "--out", str(folder)]
+               "--skip-update", gate, "--no-plot", "--out", str(folder)] + SETTINGS
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True, env=env, cwd=ROOT)
     return folder
@@ -60,10 +64,11 @@ def rows_of(model: str, gate: str, folder: Path) -> list[dict]:
     planted = folder / "planted.json"
     if planted.is_file():
         d = json.loads(planted.read_text())
-        for r in d.get("results", []):
+        for r in d["runs"]:
             out.append({"model": Path(model).name, "gate": gate, "task": "planted_fact", "length": f"{r['chunks']} chunks",
                         "n": r["docs"], "accuracy": round(100 * r["accuracy"], 1),
-                        "seconds_per_doc": r.get("seconds_per_doc"), "fact_in_memory": r.get("fact_in_final_memory")})
+                        "seconds_per_doc": round(r["seconds"] / max(r["docs"], 1), 1),
+                        "fact_in_memory": r["fact_in_final_memory"]})
     summary = folder / "summary.json"
     if summary.is_file():
         d = json.loads(summary.read_text())

@@ -118,7 +118,8 @@ async def run(adapter: Path, n: int, tokens: int) -> dict:
         await lb.aclose()
     out["torch_vs_llamacpp_base"] = compare(res["torch_base"], res["llamacpp_base"])
     out["torch_vs_llamacpp_lora"] = compare(res["torch_lora"], res["llamacpp_lora"])
-    out["adapter_changed_answers_torch"] = len(prompts) - compare(res["torch_base"], res["torch_lora"])["identical_answers"]
+    same = compare(res["torch_base"], res["torch_lora"])["identical_answers"]
+    out["adapter_changed_answers_torch"] = len(prompts) - same
     out["examples"] = [{"prompt": p[0]["content"][:80], "torch_lora": a.text, "llamacpp_lora": b.text}
                        for p, a, b in list(zip(prompts, res["torch_lora"], res["llamacpp_lora"]))[:6]]
     out["disagreements"] = [{"prompt": p[0]["content"][:80], "torch_lora": a.text, "llamacpp_lora": b.text}

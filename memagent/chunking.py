@@ -90,8 +90,7 @@ class Document:
                         decoder = codecs.getincrementaldecoder("utf-16" if utf16 else "utf-8")(errors=handler)
                     nul = -1 if utf16 else raw.find(b"\x00")
                     if nul >= 0:
-                        raise DocumentError(f"{self.name}: looks like a binary file (NUL byte at offset "
-                                            f"{offset + nul}); give a text document")
+                        raise _nul_error(self.name, raw, offset, nul)
                     text, raw_len = decoder.decode(raw, final=not raw), len(raw)
                     if utf16 and "\x00" in text:
                         raise DocumentError(f"{self.name}: looks like a binary file (NUL characters in UTF-16 "
@@ -128,6 +127,18 @@ def _check_unicode(name: str, text: str, offset: int) -> None:
                             f"character {offset + e.start})") from None
 
 
+def _nul_error(name: str, block: bytes, offset: int, nul: int) -> DocumentError:
+    """NUL bytes mean binary, unless they sit at every other byte of the start: UTF-16 without a BOM."""
+    head = block[:4096] if offset == 0 else b""
+    even, odd, half = head[0::2].count(0), head[1::2].count(0), len(head) // 2
+    if len(head) >= 8 and max(even, odd) > 0.4 * half and min(even, odd) < 0.02 * half:  # zeros on one side only
+        order = "LE" if odd > even else "BE"
+        return DocumentError(f"{name}: looks like UTF-16 text without a byte-order mark; convert it to UTF-8 "
+                             f"(iconv -f UTF-16{order} -t UTF-8)")
+    return DocumentError(f"{name}: looks like a binary file (NUL byte at offset {offset + nul}); "
+                         f"give a text document")
+
+
 def _prescan(p: Path, name: str, size: int) -> bool:
     """A regular file is checked whole before any model call: NUL bytes anywhere mean binary (a binary
     file whose first NUL comes late would otherwise cost calls first). Returns whether it holds only
@@ -144,8 +155,7 @@ def _prescan(p: Path, name: str, size: int) -> bool:
                 return False
             nul = block.find(b"\x00")
             if nul >= 0:
-                raise DocumentError(f"{name}: looks like a binary file (NUL byte at offset {offset + nul}); "
-                                    f"give a text document")
+                raise _nul_error(name, block, offset, nul)
             blank = blank and re.search(rb"\S", block) is None
             offset += len(block)
     return blank

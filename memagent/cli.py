@@ -140,7 +140,7 @@ def refuse_file_questions(doc: str, questions: list[str]) -> None:
 
 def cmd_ask(args) -> int:
     from .chunking import open_document
-    from .driver import MemoryAgent
+    from .driver import MemoryAgent, check_outputs
     from .prompts import load_template
 
     from . import checks
@@ -164,6 +164,7 @@ def cmd_ask(args) -> int:
     check_gates(args, template)
     # "-" is stdin here only: the Python API takes any str as text (memagent.chunking.open_document)
     document = open_document(sys.stdin.buffer if args.doc == "-" else Path(args.doc))
+    check_outputs(document, args.trace, args.state)  # before a model loads or the estimate is printed
     backend, tokenizer, spec = backend_from_args(args)
     agent = MemoryAgent(backend, tokenizer, template=template, chunk_tokens=chunk, memory_tokens=memory,
                         answer_tokens=args.answer_tokens, temperature=args.temperature, seed=args.seed,

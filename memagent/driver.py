@@ -96,9 +96,13 @@ def rolling_digest(previous: str, chunk: Chunk) -> str:
     return hashlib.sha256(f"{previous}:{chunk.digest}".encode()).hexdigest()[:32]
 
 
-def _check_outputs(document, trace, state) -> None:
-    """Refuse output files that would overwrite the document or each other, or that cannot be written,
-    before a model call is spent. (A Trace object passed in is the caller's own and is not checked.)"""
+def check_outputs(document, trace, state) -> None:
+    """Refuse, before a model loads or a call is spent: a file of only whitespace, and output files that
+    would overwrite the document or each other or cannot be written. (A Trace object passed in is the
+    caller's own and is not checked.) aread calls it; the CLI calls it earlier, before loading a model."""
+    document.refuse_blank = True  # blank text would cost a call per chunk for nothing
+    if document.blank:
+        raise DocumentError(f"{document.name}: the document holds only whitespace")
     paths = [("--trace", trace)] if isinstance(trace, (str, Path)) else []
     paths += [("--state", state)] if state else []
     for flag, path in paths:
@@ -268,10 +272,7 @@ class MemoryAgent:
         state file is refused instead of both writing it)."""
         document = open_document(doc)
         questions = checks.questions(questions)
-        document.refuse_blank = True  # blank text would cost a call per chunk for nothing
-        if document.blank:
-            raise DocumentError(f"{document.name}: the document holds only whitespace")
-        _check_outputs(document, trace, state)
+        check_outputs(document, trace, state)
         if not state:
             return await self._aread(document, questions, trace=trace, state=None, progress=progress)
         with exclusive(state, "state file"):

@@ -240,8 +240,11 @@ def tokenizer_path(name_or_path: str) -> Path:
 
 
 def adapter_dir(spec: ModelSpec) -> Path:
+    """The adapter folder: inside this package for shipped models, or an absolute path (tests, users)."""
     from importlib import resources
 
+    if Path(spec.adapter).is_absolute():
+        return Path(spec.adapter)
     return Path(str(resources.files("memagent") / spec.adapter))
 
 
@@ -255,25 +258,31 @@ def _merged_dir(spec: ModelSpec, out: Path) -> Path:
     if (out / "DONE").is_file() and (out / "DONE").read_text() == stamp:
         return out
     verify_adapter(spec)
-    base = hf_dir(spec.base)
     with _Lock(cache_root() / spec.name / ".hf.lock"):
         if (out / "DONE").is_file() and (out / "DONE").read_text() == stamp:
             return out
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import torch
-        from peft import PeftModel
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         print(f"memagent: merging the {spec.name} adapter into {spec.base} once -> {out}", file=sys.stderr)
-        model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-        model = PeftModel.from_pretrained(model, str(src)).merge_and_unload()
-        tmp = out.with_name("hf.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(str(tmp))
-        AutoTokenizer.from_pretrained(str(base)).save_pretrained(str(tmp))
-        (tmp / "DONE").write_text(stamp)
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
+        merge_adapter(spec.base, src, out, stamp)
+    return out
+
+
+def merge_adapter(base: str, adapter: str | Path, out: str | Path, stamp: str = "merged") -> Path:
+    """Write base + LoRA adapter (save_pretrained folder) as one plain HF folder at `out` (atomic)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base_dir, out = hf_dir(base), Path(out)
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp))
+    AutoTokenizer.from_pretrained(str(base_dir)).save_pretrained(str(tmp))
+    (tmp / "DONE").write_text(stamp)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
     return out
 
 

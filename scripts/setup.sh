@@ -30,7 +30,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-python -m memagent models --prepare smollm2-135m >/dev/null
+# the default embedded model, ready to load (a trained model: its shipped adapter merged into the base once)
+python -m memagent models --prepare "$(python -c 'from memagent.models import DEFAULT_MODEL; print(DEFAULT_MODEL)')" >/dev/null
 # The C tokenizer (memagent/native/bpe.c) is compiled once into the cache; without a compiler the
 # numpy path is used, with the same results, ~5x slower.
 python - <<'PY'

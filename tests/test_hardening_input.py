@@ -199,6 +199,13 @@ def test_utf16_with_bom_is_decoded(tmp_path, bom, codec):
     assert a.error is None and a.doc_tokens == len(text.encode("utf-8")) and not a.warnings
 
 
+def test_utf16_without_bom_is_named(tmp_path):
+    p = tmp_path / "u16.txt"
+    p.write_bytes("The lamp was lit at dusk.\n".encode("utf-16-le") * 20)
+    with pytest.raises(DocumentError, match="UTF-16 text without a byte-order mark.*UTF-16LE"):
+        open_document(p)
+
+
 def test_symlink_loop_is_named(tmp_path):
     loop = tmp_path / "loop"
     os.symlink(loop, loop)

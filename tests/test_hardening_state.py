@@ -107,6 +107,39 @@ def test_resume_with_discovered_model(tmp_path):
     assert agent(b).ask(doc, "Q?", state=state).answer == first.answer and b.calls == 0
 
 
+def test_resume_against_a_real_http_server_without_model(tmp_path):
+    """The same through OpenAIBackend and HTTP: no --model, the server's model is listed on the first call."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from memagent.backends.openai_http import OpenAIBackend
+
+    doc, state, calls = tmp_path / "doc.txt", tmp_path / "s.json", []
+
+    async def models(request):
+        return web.json_response({"object": "list", "data": [{"id": "served-model", "object": "model"}]})
+
+    async def chat(request):
+        calls.append(1)
+        return web.json_response({"choices": [{"message": {"content": "\\boxed{dusk}"}, "finish_reason": "stop"}]})
+
+    async def read_twice():
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/chat/completions", chat)
+        async with TestServer(app, host="127.0.0.1") as server:
+            out = []
+            for _ in range(2):  # a fresh backend each time, as a rerun of the command has
+                backend = OpenAIBackend(f"http://127.0.0.1:{server.port}/v1", max_retries=0)
+                out.append((await agent(backend).aread(doc, ["When?"], state=state))[0])
+                await backend.aclose()
+            return out
+
+    doc.write_text(TEXT)
+    first, again = asyncio.run(read_twice())
+    assert first.answer == again.answer == "dusk" and len(calls) == first.calls  # the rerun made no call
+
+
 # ---- item 4: one process per state file / eval folder ----------------------------------------------------
 
 def test_second_process_on_state_is_refused(tmp_path):

@@ -5,6 +5,10 @@ In-process replicas test the placement logic in milliseconds; the last tests run
 """
 import asyncio
 import io
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -17,7 +21,7 @@ from memagent.backends.pool import _DOCUMENT, PoolBackend, read_url_file, split_
 from memagent.driver import MemoryAgent
 from memagent.protocol import BackendError, GenerationRequest
 from memagent.tokenizer import load_tokenizer
-from servers import servers  # noqa: F401  (fixture)
+from servers import ROOT, servers  # noqa: F401  (fixture)
 
 
 def docs(n: int, words: int = 600) -> list[str]:
@@ -152,3 +156,33 @@ def test_real_servers_kill_one_mid_read_restart_it_and_it_is_used_again(servers)
     assert pool.stats["recoveries"] >= 1
     # the revived replica served the documents that started after it came back
     assert revived["server"].health()["completed"] > 0
+
+
+def test_cli_ask_with_two_base_urls_reads_the_document_on_one_of_them(servers, tmp_path):
+    reps = [servers("--backend", "instant") for _ in range(2)]
+    doc = tmp_path / "doc.txt"
+    doc.write_text(docs(1, words=800)[0])
+    urls = tmp_path / "urls.txt"
+    urls.write_text(reps[1].base_url + "\n")
+    cmd = [sys.executable, "-m", "memagent", "ask", str(doc), "What is said?", "Anything else?", "--backend", "openai",
+           "--base-url", reps[0].base_url, "--base-url-file", str(urls), "--model", "instant",
+           "--tokenizer", "cl100k_base", "--chunk-tokens", "300", "--json"]
+    out = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    answers = [json.loads(line) for line in out.splitlines() if line.strip()]
+    calls = sum(a["calls"] for a in answers)
+    assert len(answers) == 2 and all(a["answer"] == "instant" for a in answers) and calls >= 10
+    served = sorted(r.health()["completed"] for r in reps)
+    assert served == [0, calls]  # one document: all its calls (both questions) on one replica
+
+
+def test_instant_slots_bound_the_calls_on_the_model_at_once():
+    backend = InstantBackend(delay=0.05, slots=2)
+    req = GenerationRequest(messages=[{"role": "user", "content": "x"}], max_tokens=4)
+
+    async def six():
+        t = time.perf_counter()
+        await asyncio.gather(*(backend.generate(req) for _ in range(6)))
+        return time.perf_counter() - t
+
+    assert asyncio.run(six()) >= 0.15  # 6 calls, 2 at a time, 50 ms each

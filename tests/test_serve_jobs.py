@@ -125,6 +125,9 @@ def test_api_key_guards_the_api_not_the_page(server):
         assert call(server, "GET", "/api/jobs", key=None, headers={"Authorization": f"{scheme} {KEY}"})[0] == 200
     status, page = call(server, "GET", "/", key=None)
     assert status == 200 and b"<title>memagent" in page
+    status, reply = call(server, "POST", "/api/documents", raw=b"x", headers={"Origin": "http://evil.example"})
+    assert status == 403 and reply["error"]["code"] == "cross_origin"  # another site's page: refused
+    assert call(server, "GET", "/api/jobs", headers={"Origin": server.root_url})[0] == 200  # the page itself
 
 
 def test_cancel_and_the_429_of_a_full_server(servers):
@@ -196,8 +199,9 @@ def test_openai_client_reads_a_long_prompt_through_the_memory(server):
     assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == expected.answer
     # stream=true on the plain model too
     parts = list(client.chat.completions.create(model="instant", messages=[{"role": "user", "content": "hi"}],
-                                                stream=True))
-    assert "".join(p.choices[0].delta.content or "" for p in parts).startswith("notes ")
+                                                stream=True, stream_options={"include_usage": True}))
+    assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices).startswith("notes ")
+    assert parts[-1].choices == [] and parts[-1].usage.completion_tokens == 2
     with pytest.raises(openai.BadRequestError, match="document"):  # one message: no document to read
         client.chat.completions.create(model="memagent", messages=[{"role": "user", "content": "Which lamp?"}])
 

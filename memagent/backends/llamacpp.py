@@ -172,6 +172,7 @@ class LlamaCppBackend:
         if not self.gguf.is_file():
             raise BackendError(f"no GGUF file at {self.gguf}")
         self.chat = ChatTemplate(Path(tokenizer_dir))
+        self.tokenizer = self.chat.tokenizer  # a `tokenizers.Tokenizer` (serve decodes token strings with it)
         self.name = name or f"llama.cpp:{self.gguf.stem}"
         self.max_batch, self.prefix_cache = max_batch, prefix_cache
         self.threads = threads or os.cpu_count() or 1
@@ -185,6 +186,11 @@ class LlamaCppBackend:
         p.n_batch, p.n_ubatch = 2048, 512
         p.cpuparams.n_threads = self.threads
         p.cpuparams_batch.n_threads = self.threads
+        # Threads sleep instead of spinning between ops (llama.cpp's default polls at level 50). On 2
+        # cores shared with other jobs, spinning threads wait on a preempted peer: decode ran at 16-23
+        # tok/s polling vs 32-35 tok/s without (SmolLM2, load average ~9; the same reason the torch
+        # engine sets OMP_WAIT_POLICY=PASSIVE).
+        p.cpuparams.poll = p.cpuparams_batch.poll = 0
         p.verbosity, p.warmup = -1, False
         p.cache_prompt = prefix_cache
         p.cache_ram_mib = prefix_cache_mb if prefix_cache else 0
@@ -203,7 +209,8 @@ class LlamaCppBackend:
         try:
             self._server = xl.Server(p)
         except Exception as e:  # a broken file, or too little memory for the model + KV cache
-            raise BackendError(f"llama.cpp could not load {self.gguf.name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise BackendError(f"llama.cpp could not load {self.gguf.name}: {why}") from None
         self._wait_listening()
         self._pool = ThreadPoolExecutor(max_workers=max(4, 4 * max_batch), thread_name_prefix="memagent-llamacpp")
         self._calls: set[_Call] = set()
@@ -242,6 +249,10 @@ class LlamaCppBackend:
         to GGUF once, cached) or a LoRA .gguf; a registered model's own adapter is applied by default."""
         from .. import gguf_export, models
 
+        device = kw.pop("device", None)
+        if device not in (None, "cpu", "auto"):
+            raise BackendError(f"the llama.cpp engine (xllamacpp CPU wheel) runs on the CPU only, not {device!r}; "
+                               f"use --engine torch for a GPU")
         try:
             gguf, tok_dir, window, label = _resolve(model)
             lora = list(kw.pop("lora", None) or [])
@@ -310,7 +321,8 @@ class LlamaCppBackend:
         if call.error:
             raise BackendError(f"llama.cpp: {call.error}")
         n_out = int(call.usage.get("completion_tokens", len(call.ids)))
-        cached = int(call.timings.get("cache_n", (call.usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)))
+        details = call.usage.get("prompt_tokens_details") or {}
+        cached = int(call.timings.get("cache_n", details.get("cached_tokens", 0)))
         self.stats["requests"] += 1
         self.stats["prefill_tokens"] += len(ids) - cached
         self.stats["reused_tokens"] += cached

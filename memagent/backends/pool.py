@@ -121,26 +121,26 @@ class PoolBackend:
 
     @classmethod
     def from_urls(cls, urls: list[str], model: str | None = None, api_key: str | None = None,
-                  concurrency: int = 64, timeout: float = 120.0, max_retries: int = 5, **kw) -> "PoolBackend":
+                  max_retries: int = 5, probe_interval: float = 0.5, wait_healthy: float = 120.0,
+                  name: str | None = None, **replica_kw) -> "PoolBackend":
+        """One OpenAIBackend per URL (`replica_kw`: its concurrency, timeout, ...; concurrency is per replica)."""
         from .openai_http import OpenAIBackend
 
         urls = split_urls(urls)
         if not urls:
             raise BackendError("--backend openai needs --base-url (e.g. http://127.0.0.1:8000/v1)")
         # no retries inside a replica: the pool retries on another one (max_retries failovers at most)
-        backends = [OpenAIBackend(u, model=model, api_key=api_key, concurrency=concurrency, timeout=timeout,
-                                  max_retries=0) for u in urls]
-        pool = cls(backends, [b.base_url for b in backends], probe=_http_probe, max_failovers=max(max_retries, 1),
-                   **kw)
-        return pool
+        replica_kw["max_retries"] = 0
+        backends = [OpenAIBackend(u, model=model, api_key=api_key, **replica_kw) for u in urls]
+        return cls(backends, [b.base_url for b in backends], probe=_http_probe, max_failovers=max(max_retries, 1),
+                   probe_interval=probe_interval, wait_healthy=wait_healthy, name=name)
 
     @property
     def name(self) -> str:
         if self._name:
             return self._name
-        first = self.replicas[0].backend
-        model = getattr(first, "model", None) or "?"
-        return f"openai-pool[{len(self.replicas)}]:{model}"
+        # no replica count or URL in the name: a --state file written with 3 replicas resumes with 2
+        return f"openai-pool:{getattr(self.replicas[0].backend, 'model', None) or '?'}"
 
     @property
     def model(self):

@@ -153,6 +153,9 @@ def make_remote_backend(config, model, folder: str | Path | None = None):
         raise BackendError("backend = 'openai' needs backend_url (the vLLM server, e.g. http://127.0.0.1:8000)")
     if not config.use_peft:
         raise BackendError("server rollouts currently sync weights as a LoRA adapter: set use_peft = true")
+    if getattr(config, "fsdp", False):
+        raise BackendError("fsdp = true with backend = 'openai' is not supported yet (the adapter would be saved "
+                           "from sharded weights); use fsdp = false for server rollouts")
     folder = Path(folder or Path(config.output_dir) / "adapters")
     posts = [aiohttp_post(u) for u in urls]
     backends = [TokenServerBackend(p, model=config.model, name=f"vllm@{u}") for p, u in zip(posts, urls)]

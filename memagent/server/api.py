@@ -68,10 +68,21 @@ def unauthorised(request: web.Request, key: str | None) -> web.Response | None:
                                     code="invalid_api_key"), status=401)
 
 
+def cross_origin(request: web.Request) -> web.Response | None:
+    """A browser sends Origin with its calls; one from another site's page is refused (a page elsewhere
+    must not start reads on, or upload to, a server on this machine). Clients other than browsers send
+    no Origin and are not affected."""
+    origin = request.headers.get("Origin")
+    if origin is None or origin.partition("://")[2] == request.host:
+        return None
+    return json_response(error_body(f"requests from pages of other origins ({origin}) are refused",
+                                    code="cross_origin"), status=403)
+
+
 def api(handler):
-    """Key check and RequestError -> JSON error, for every /api route."""
+    """Origin and key checks, and RequestError -> JSON error, for every /api route."""
     async def wrapped(request: web.Request):
-        denied = unauthorised(request, request.app[KEY])
+        denied = cross_origin(request) or unauthorised(request, request.app[KEY])
         if denied is not None:
             return denied
         try:

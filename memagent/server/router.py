@@ -216,6 +216,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--threads", type=int, default=None, help="embedded: torch threads (default: all cores)")
     p.add_argument("--max-batch", type=int, default=8, help="embedded: requests decoded together at most")
+    p.add_argument("--engine", default="torch", choices=["torch", "llama.cpp"],
+                   help="embedded: runtime; llama.cpp runs the Q4 GGUF as is (docs/engines.md) (default: torch)")
     p.add_argument("--api-key", default=os.environ.get("MEMAGENT_SERVER_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: env MEMAGENT_SERVER_API_KEY, else none)")
     g = p.add_argument_group("reading jobs and the page (docs/serve.md)")
@@ -266,8 +268,12 @@ def _make_backend(args) -> tuple[Backend, str]:
         return (OpenAIBackend(args.base_url, model=args.model, api_key=args.upstream_api_key),
                 args.served_model_name or args.model or "upstream")
     from .. import models
-    from ..backends.embedded import EmbeddedBackend  # imports torch: only when asked for
     name = args.model or models.DEFAULT_MODEL
+    if getattr(args, "engine", "torch") == "llama.cpp":
+        from ..backends.llamacpp import LlamaCppBackend
+        return (LlamaCppBackend.load(name, threads=args.threads, max_batch=args.max_batch),
+                args.served_model_name or name)
+    from ..backends.embedded import EmbeddedBackend  # imports torch: only when asked for
     return (EmbeddedBackend.load(name, threads=args.threads, max_batch=args.max_batch),
             args.served_model_name or name)
 

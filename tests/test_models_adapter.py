@@ -1,0 +1,65 @@
+"""Trained models ship as a LoRA adapter on a registered base: pinned by sha256, merged once into a plain
+HF folder whose outputs equal base + adapter."""
+import dataclasses
+import hashlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from memagent import models  # noqa: E402
+
+
+@pytest.fixture()
+def tiny_adapter(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    from memagent.rl.tiny import build_model, build_tokenizer
+
+    base = tmp_path / "base"
+    build_tokenizer(base)
+    build_model(seed=0).save_pretrained(str(base))
+    lora = get_peft_model(build_model(seed=0), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                          init_lora_weights=False))
+    adapter = tmp_path / "adapter"
+    lora.save_pretrained(str(adapter))
+    digest = hashlib.sha256((adapter / "adapter_model.safetensors").read_bytes()).hexdigest()
+    spec = dataclasses.replace(models.MODELS["smollm2-135m"], name="tiny-trained", base=str(base),
+                               adapter=str(adapter), adapter_sha256=digest)
+    return spec, lora
+
+
+def test_merged_folder_equals_base_plus_adapter(tiny_adapter, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    spec, lora = tiny_adapter
+    monkeypatch.setenv("MEMAGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(models.MODELS, spec.name, spec)
+    out = models.hf_dir(spec.name)
+    assert (out / "tokenizer.json").is_file() and out == models.hf_dir(spec.name)  # cached
+    merged = AutoModelForCausalLM.from_pretrained(str(out))
+    ids = torch.tensor([[2, 3, 4, 5, 6, 1]])
+    lora.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=ids).logits, lora(input_ids=ids).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_a_tampered_adapter_is_refused(tiny_adapter, tmp_path, monkeypatch):
+    spec, _ = tiny_adapter
+    monkeypatch.setenv("MEMAGENT_CACHE", str(tmp_path / "cache"))
+    weights = models.adapter_dir(spec) / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    monkeypatch.setitem(models.MODELS, spec.name, spec)
+    with pytest.raises(models.ModelError, match="does not match the pinned"):
+        models.hf_dir(spec.name)
+
+
+def test_shipped_trained_model_is_pinned():
+    spec = models.MODELS.get("memagent-notes-135m")
+    if spec is None:
+        pytest.skip("no trained adapter in this checkout")
+    assert spec.base == "smollm2-135m" and spec.adapter_sha256 and len(spec.adapter_sha256) == 64
+    assert models.verify_adapter(spec).is_file()
+    assert "Multi-Conv DAPO" in models.card_text(spec)
