@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "default; --backend openai --base-url URL uses any OpenAI-compatible server.",
                        epilog="Fewer calls: --skip-update lexical skips chunks without the question's key terms, "
                               "--early-exit marker stops once the model marks its memory as answering; both off "
-                              "by default (measured: benchmarks/bench_gates.py, README 'Performance').")
+                              "by default (measured: benchmarks/bench_gates.py, benchmarks/README.md).")
     a.add_argument("doc", help="one document: a text file, or '-' for stdin")
     a.add_argument("questions", nargs="+", metavar="QUESTION",
                    help="one or more questions, answered in one pass; a QUESTION that names an existing file is "

@@ -73,6 +73,9 @@ MODELS: dict[str, ModelSpec] = {
 DEFAULT_MODEL = "smollm2-135m"
 
 
+NOTES_135M_SHA256 = "821f5de6cd473f2ba5e67044c9f1db01c1321ae44dc795f9799e09cb7c7576c2"
+
+
 def _register_trained() -> None:
     """The memory model we train (memagent/adapters/*): registered only when its files ship here."""
     from importlib import resources
@@ -81,7 +84,7 @@ def _register_trained() -> None:
     if not (root / "adapter_model.safetensors").is_file():
         return
     base = MODELS["smollm2-135m"]
-    digest = (root / "SHA256").read_text().split()[0] if (root / "SHA256").is_file() else None
+    digest = NOTES_135M_SHA256  # pinned here, not read from beside the file it checks
     MODELS["memagent-notes-135m"] = ModelSpec(
         name="memagent-notes-135m",
         description="SmolLM2-135M-Instruct + our LoRA trained to keep notes (SFT warm start + Multi-Conv DAPO); "

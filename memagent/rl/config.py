@@ -53,6 +53,7 @@ class TrainConfig:
     num_chunks: int = 3  # chunks per training document (task notes: the most; each document draws 1..num_chunks)
     chunk_tokens: int = 128  # model tokens per chunk
     num_distractors: int = 2  # other key->value facts planted in the document (kv task)
+    notes_qa_share: float = 0.25  # task notes: share of document-QA samples (SQuAD/HotpotQA train halves)
     kv_values: str = "number"  # kv task values: number (4 digits, "access code") | word ("password")
     memory_tokens: int = 64  # cap of every memory update (max_completion_length of update turns)
     answer_tokens: int = 24  # cap of the final answer turn

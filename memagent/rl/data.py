@@ -219,5 +219,6 @@ def make_task(config, tokenizer: Tokenizer):
     if config.task == "notes":
         from .notes_data import NotesTask
 
-        return NotesTask(tokenizer, config.chunk_tokens, config.num_chunks, config.memory_tokens, config.seed)
+        return NotesTask(tokenizer, config.chunk_tokens, config.num_chunks, config.memory_tokens, config.seed,
+                         qa_share=config.notes_qa_share)
     raise ValueError(f"unknown task {config.task!r}")

@@ -31,7 +31,7 @@ from .config import ConfigError, TrainConfig, add_config_flags, load_config, ove
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("sft", help="supervised warm start on program-written notes (before RL)",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=None, help="TOML/YAML/JSON file with TrainConfig keys (flags override it)")
+    p.add_argument("--config", default=None, help="TOML/YAML/JSON file with TrainConfig keys (flags override it; default: none, every key then takes its default)")
     add_config_flags(p)
     p.set_defaults(func=main)
 
