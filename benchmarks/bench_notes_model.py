@@ -85,10 +85,15 @@ def collect(command: str) -> dict:
         for gate_dir in sorted(model_dir.glob("*")):
             for cell in sorted(gate_dir.glob("*")):
                 rows += rows_of(model_dir.name, gate_dir.name, cell)
+    commands = json.loads(OUT.read_text()).get("commands", []) if OUT.is_file() else []
+    if "--collect" not in command and command not in commands:
+        commands.append(command)
     result = {"what": "accuracy (%) of the untrained base vs our trained memory model, greedy, same documents; "
                       "seconds_per_doc is wall time per document with the other documents of the cell read "
-                      "concurrently (a loaded 2-core machine: training and tests ran beside it)",
-              "command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+                      "concurrently (a loaded 2-core machine: training and tests ran beside it); "
+                      "merged-sft / merged-rl: the stage-1 and stage-1+2 adapters merged into runs/ folders "
+                      "(the same eval with --models runs/merged-sft), memagent-notes-135m: all three stages",
+              "commands": commands, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "rows": rows}
     OUT.write_text(json.dumps(result, indent=1) + "\n")
     return result

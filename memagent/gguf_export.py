@@ -32,17 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .models import DEFAULT_MODEL, MODELS, ModelError, cache_root, gguf_path
+from .models import DEFAULT_MODEL, MODELS, ModelError, _sha256, cache_root, gguf_path
 
 _ARCH_PERMUTES_QK = {"llama"}  # archs whose GGUF q/k rows are permuted for rotary (convert_hf_to_gguf)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}

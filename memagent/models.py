@@ -87,8 +87,8 @@ def _register_trained() -> None:
     digest = NOTES_135M_SHA256  # pinned here, not read from beside the file it checks
     MODELS["memagent-notes-135m"] = ModelSpec(
         name="memagent-notes-135m",
-        description="SmolLM2-135M-Instruct + our LoRA trained to keep notes (SFT warm start + Multi-Conv DAPO); "
-        "see `memagent models --card memagent-notes-135m`",
+        description="SmolLM2-135M-Instruct + our LoRA trained to keep notes (SFT, Multi-Conv DAPO, SFT); opt-in, "
+        "not the default (docs/notes-model.md); `memagent models --card memagent-notes-135m`",
         packages=base.packages, parts=base.parts, sha256=base.sha256, license="Apache-2.0",
         default_template="notes", chunk_tokens=512, memory_tokens=64, context_window=8192,
         base="smollm2-135m", adapter="adapters/notes-135m", adapter_sha256=digest, card="adapters/notes-135m/README.md")

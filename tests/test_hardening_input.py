@@ -79,8 +79,11 @@ def test_named_pipe_is_read_whole(tmp_path):
 def test_ctrl_c_while_a_pipe_waits_for_data(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
+    # a test run started in the background of a non-interactive shell inherits SIGINT ignored, as any
+    # child would: give the child a terminal user's default disposition
     proc = subprocess.Popen([sys.executable, "-m", "memagent", "ask", str(fifo), "Q?", "--backend", "instant"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     fd = None
     try:
         deadline = time.monotonic() + 60
