@@ -23,10 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .backends.pool import enter_document, leave_document
 from .chunking import Chunk, DocumentError, iter_chunks, open_document
 from .prompts import Template, load_template
-from .protocol import Backend, Generation
+from .protocol import Backend, Generation, enter_document, leave_document
 from .reader import Reader, ReaderConfig, ReadState
 from .quality import memory_warnings
 from .redact import scrub

@@ -10,6 +10,8 @@ are optional fields of `Generation`, filled when the request asks for them (`ret
 """
 from __future__ import annotations
 
+import contextvars
+
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -56,3 +58,29 @@ class Backend(Protocol):
     async def generate(self, request: GenerationRequest) -> Generation: ...
 
     async def aclose(self) -> None: ...
+
+
+# ---- which document a call belongs to ---------------------------------------------------------------
+# The driver marks each read (`enter_document`); every call made inside it, in its task and the tasks it
+# starts, carries the mark without a new argument. A backend that cares (a pool of servers keeps one
+# document's calls on one replica, so its prefix stays in that server's cache) reads `_DOCUMENT`; the
+# others never look. It lives here, in the core protocol, so the driver needs no backend module.
+_DOCUMENT: contextvars.ContextVar[object | None] = contextvars.ContextVar("memagent_document", default=None)
+
+
+class _DocumentKey:
+    __slots__ = ()
+
+
+def enter_document() -> contextvars.Token:
+    """Mark the calls made from here on (in this task and the tasks it starts) as one document's."""
+    return _DOCUMENT.set(_DocumentKey())
+
+
+def leave_document(backend, token: contextvars.Token) -> None:
+    """End the mark; a backend with `release_document` (a pool) frees the document's replica."""
+    key = _DOCUMENT.get()
+    _DOCUMENT.reset(token)
+    release = getattr(backend, "release_document", None)
+    if release is not None and key is not None:
+        release(key)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from memagent.fileio import exclusive
+from clicheck import one_error_line  # noqa: E402
 
 TEMPLATE = 'update = "{question}|{memory}|{chunk}"\nfinal = "%s {question}|{memory}"\nempty_memory = "-"\n'
 
@@ -27,13 +28,6 @@ def evaluate(out, *args):
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         code = main(argv)
     return Result(code, err.getvalue())
-
-
-def one_error_line(p, pattern):
-    assert p.returncode == 2, (p.returncode, p.stderr)
-    lines = [x for x in p.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("memagent: error:"), p.stderr
-    assert pattern.lower() in lines[0].lower(), lines[0]
 
 
 def test_edited_template_file_is_another_template(tmp_path):

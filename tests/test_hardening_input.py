@@ -18,6 +18,7 @@ from memagent.backends.instant import InstantBackend
 from memagent.backends.scripted import ScriptedBackend
 from memagent.prompts import TemplateError, load_template
 from memagent.tokenizer import ByteTokenizer
+from clicheck import one_error_line  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "The lamp was lit at dusk by the keeper. " * 30
@@ -32,14 +33,6 @@ def cli(*args, stdin=None, cwd=ROOT, timeout=60):
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "memagent", *args], cwd=cwd, input=stdin, capture_output=True,
                           timeout=timeout, env=env)
-
-
-def one_error_line(p, pattern):
-    err = p.stderr.decode() if isinstance(p.stderr, bytes) else p.stderr
-    assert p.returncode == 2, (p.returncode, err)
-    lines = [x for x in err.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("memagent: error:"), err
-    assert pattern.lower() in lines[0].lower(), lines[0]
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from memagent.backends.instant import InstantBackend
 from memagent.backends.scripted import ScriptedBackend
 from memagent.fileio import FileError, exclusive
 from memagent.tokenizer import ByteTokenizer
+from clicheck import one_error_line  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "The lamp was lit at dusk by the keeper. " * 30  # ~1200 bytes: 10 chunks of 128 byte-tokens
@@ -29,13 +30,6 @@ def agent(backend=None, **kw):
 def cli(*args, stdin=None):
     return subprocess.run([sys.executable, "-m", "memagent", *args], cwd=ROOT, input=stdin, capture_output=True,
                           text=True, timeout=60, env=dict(os.environ, HF_HUB_OFFLINE="1"))
-
-
-def one_error_line(p, pattern):
-    assert p.returncode == 2, (p.returncode, p.stderr)
-    lines = [x for x in p.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("memagent: error:"), p.stderr
-    assert pattern.lower() in lines[0].lower(), lines[0]
 
 
 # ---- item 1: a finished state is bound to the text -------------------------------------------------------

@@ -17,7 +17,8 @@ import pytest
 from memagent.backends import make_backend
 from memagent.backends.instant import InstantBackend
 from memagent.backends.openai_http import OpenAIBackend
-from memagent.backends.pool import _DOCUMENT, PoolBackend, read_url_file, split_urls
+from memagent.backends.pool import PoolBackend, read_url_file, split_urls
+from memagent.protocol import _DOCUMENT
 from memagent.driver import MemoryAgent
 from memagent.protocol import BackendError, GenerationRequest
 from memagent.tokenizer import load_tokenizer

@@ -125,6 +125,7 @@ class EmbeddedBackend:
         self._queue: queue.Queue = queue.Queue()
         self._closed = False
         self.stats = {"steps": 0, "rows_stepped": 0, "prefill_tokens": 0, "reused_tokens": 0}
+        self._finished: list = []  # (item, Generation) of this worker pass, owned by the worker thread
         self._thread = threading.Thread(target=self._worker, name="memagent-embedded", daemon=True)
         self._thread.start()
         _LIVE.add(self)
@@ -243,6 +244,11 @@ class EmbeddedBackend:
             if restore_train and not batch:
                 self.model.train()
                 restore_train = False
+            # Results go out only now, after the train mode is back: a trainer that resumes on the last
+            # result must never find the worker still about to flip its policy's dropout on.
+            for item, gen in self._finished:
+                self._deliver(item, gen)
+            self._finished.clear()
         for item in self._take(block=False, running=-(1 << 30))[0]:
             self._deliver(item, BackendError("the embedded backend is closed"))
 
@@ -442,7 +448,7 @@ class EmbeddedBackend:
                          completion_tokens=len(row.out_ids), extra={"reused_prompt_tokens": row.reused})
         if req.return_tokens:
             gen.prompt_ids, gen.response_ids, gen.logprobs = list(row.prompt_ids), list(row.out_ids), list(row.logprobs)
-        self._deliver(row.item, gen)
+        self._finished.append((row.item, gen))  # delivered at the end of the worker's pass (see _worker)
 
 
 def _make_cache(layers) -> DynamicCache:

@@ -2,7 +2,7 @@
 
 Why document affinity: a reader sends every chunk of a document with the same instruction + question
 prefix, so the replica that read chunk k has that prefix in its KV cache for chunk k+1 (vLLM/SGLang
-prefix caching, llama.cpp slots). The driver marks each read with a key (`enter_document`, a
+prefix caching, llama.cpp slots). The driver marks each read with a key (`protocol.enter_document`, a
 contextvar, so every call of that read carries it without a new argument); the pool pins the key to
 one replica for the whole read and releases it when the read ends.
 
@@ -22,33 +22,11 @@ one to come back, up to `wait_healthy` seconds, then fail with one line.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..protocol import Backend, BackendError, Generation, GenerationRequest
-
-_DOCUMENT: contextvars.ContextVar[object | None] = contextvars.ContextVar("memagent_document", default=None)
-
-
-class _DocumentKey:
-    __slots__ = ()
-
-
-def enter_document() -> contextvars.Token:
-    """Mark the calls made from here on (in this task and the tasks it starts) as one document's."""
-    return _DOCUMENT.set(_DocumentKey())
-
-
-def leave_document(backend, token: contextvars.Token) -> None:
-    """End the mark; a pool frees the document's replica slot."""
-    key = _DOCUMENT.get()
-    _DOCUMENT.reset(token)
-    release = getattr(backend, "release_document", None)
-    if release is not None and key is not None:
-        release(key)
-
+from ..protocol import _DOCUMENT, Backend, BackendError, Generation, GenerationRequest, enter_document, leave_document
 
 def read_url_file(path: str | Path) -> list[str]:
     """One URL a line; blank lines and # comments are ignored."""

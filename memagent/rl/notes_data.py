@@ -20,13 +20,13 @@ looks only at the final answer. Sample `i` is a pure function of (seed, i), like
 """
 from __future__ import annotations
 
-import hashlib
 import random
 import uuid
 
 from ..tasks import data as corpora
+from ..tasks.data import split_of
 from ..tokenizer import Tokenizer
-from .data import Sample
+from .data import Sample, _filler_sentence
 
 RULER_NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 FACTS = (  # {t}: the value's kind, singular; {T}: plural
@@ -67,12 +67,6 @@ _FIRST = ("Alma", "Bruno", "Chiara", "Dmitri", "Esther", "Farid", "Greta", "Hugo
 _LAST = ("Abbott", "Brennan", "Castillo", "Dufour", "Eriksen", "Fischer", "Gallo", "Horvat", "Ivanova",
          "Jensen", "Kowalski", "Lindqvist", "Moreau", "Novak", "Okafor", "Petrov", "Quinn", "Rossi")
 _PLACES = ("Project", "Room", "Vault", "Account", "Locker", "Station", "Ticket", "Unit", "Batch", "Server")
-
-
-def split_of(name: str, eval_share: float = 0.5) -> str:
-    """'train' or 'eval' for an article/title, stable across runs and machines (sha256, not hash())."""
-    h = int(hashlib.sha256(name.encode("utf-8")).hexdigest()[:8], 16) / 0xFFFFFFFF
-    return "eval" if h < eval_share else "train"
 
 
 def _key(kind: str, rng: random.Random) -> str:
@@ -131,22 +125,27 @@ class NotesTask:
 
     # ---- haystacks ---------------------------------------------------------------------------------
 
-    def _pool(self, name: str) -> list[str]:
+    def _pool(self, name: str) -> list:
+        """Train-split material, parsed once per task (the raw JSON is never re-read per sample).
+
+        essay: sentences; squad / hotpot: paragraphs (filler); squad_qa: (paragraph, answerable qas);
+        hotpot_qa: (question, answer, supporting sentences) whose gold titles are all train-split."""
         if name not in self._pools:
             if name == "essay":
                 self._pools[name] = corpora.essay_sentences()
-            elif name == "squad":
-                data = corpora.load_json("squad")
-                self._pools[name] = [p["context"] for a in data["data"] if split_of(a["title"]) == "train"
-                                     for p in a["paragraphs"]]
-            elif name == "hotpot":
-                seen, out = set(), []
+            elif name in ("squad", "squad_arts"):
+                arts = [a for a in corpora.load_json("squad")["data"] if split_of(a["title"]) == "train"]
+                self._pools["squad"] = [p["context"] for a in arts for p in a["paragraphs"]]
+                self._pools["squad_arts"] = [a["paragraphs"] for a in arts]
+            elif name in ("hotpot", "hotpot_qa"):
+                seen, paras, qa = set(), [], []
                 for d in corpora.load_json("hotpotqa"):
-                    for t, s in d["context"]:
+                    for t, sents in d["context"]:
                         if t not in seen and split_of(t) == "train":
                             seen.add(t)
-                            out.append(f"{t}\n{''.join(s)}")
-                self._pools[name] = out
+                            paras.append(f"{t}\n{''.join(sents)}")
+                    qa.append(self._hotpot_entry(d))  # one per record (None: not usable), drawn by index
+                self._pools["hotpot"], self._pools["hotpot_qa"] = paras, qa
         return self._pools[name]
 
     def _filler(self, kind: str, rng: random.Random, fact_fmt: str, kinds: tuple[str, str], avoid: set):
@@ -160,7 +159,7 @@ class NotesTask:
         elif kind == "noise":
             own = rng.random() < 0.5
             while True:
-                yield (RULER_NOISE if not own else corpora_filler(rng)), " "
+                yield (RULER_NOISE if not own else _filler_sentence(rng).strip()), " "
         elif kind == "needle":  # every line a fact for another key: only the key tells them apart
             while True:
                 k = _key(kinds[0], rng)
@@ -173,11 +172,10 @@ class NotesTask:
                 for j, s in enumerate(sents):
                     yield s, ("\n\n" if j == len(sents) - 1 else " ")
 
-    def _pack(self, units: list[tuple[str, str, bool]], n_chunks: int):
-        """Units (text, separator, is_evidence) into chunks of <= chunk_tokens tokens, whole units only."""
+    def _pack(self, units: list[tuple[str, str, bool, int]], n_chunks: int):
+        """Units (text, separator, is_evidence, tokens) into chunks of <= chunk_tokens tokens, whole units only."""
         chunks, evidence, cur, cur_ev, used = [], [], [], [], 0
-        for text, sep, ev in units:
-            n = self.ntok(text + sep)
+        for text, sep, ev, n in units:
             if used + n > self.chunk_tokens and cur:
                 chunks.append("".join(cur))
                 evidence.append(cur_ev)
@@ -194,17 +192,19 @@ class NotesTask:
         return chunks, evidence
 
     def _layout(self, rng, n_chunks, filler, planted: list[str]) -> tuple[list[str], list[list[str]]]:
-        """Filler units for n_chunks chunks with the planted sentences at random unit positions."""
+        """Filler units for n_chunks chunks with the planted sentences at random unit positions.
+        Each unit is tokenized once; its count travels with it into _pack."""
         budget = n_chunks * self.chunk_tokens
         units, used = [], 0
         planted_cost = sum(self.ntok(p) + 1 for p in planted)
         while used + planted_cost < budget * 0.97:
             text, sep = next(filler)
-            units.append((text, sep, False))
-            used += self.ntok(text + sep)
+            n = self.ntok(text + sep)
+            units.append((text, sep, False, n))
+            used += n
         sep = "\n" if all(u[1] == "\n" for u in units) else " "
         for p in planted:
-            units.insert(rng.randint(0, len(units)), (p, sep, True))
+            units.insert(rng.randint(0, len(units)), (p, sep, True, self.ntok(p + sep)))
         return self._pack(units, n_chunks)
 
     # ---- samples -----------------------------------------------------------------------------------
@@ -251,35 +251,35 @@ class NotesTask:
         question = (rng.choice(PREAMBLES) + q).replace("{t}", t).replace("{T}", T)
         question = question.replace("{K}", cap(key)).replace("{k}", key)
         return Sample(id=f"notes-{self.seed}-{index}", question=question, answers=tuple(values), chunks=tuple(chunks),
-                      meta={"evidence": evidence, "haystack": hay, "distractors": n_dis, "kind": "needle"})
+                      meta={"evidence": evidence, "haystack": hay, "distractors": n_dis, "kind": "needle",
+                            "key": key, "distractor_keys": sorted(dis_keys)})
+
+    @staticmethod
+    def _hotpot_entry(d: dict) -> tuple | None:
+        """(question, answer, supporting sentences) of a train-split HotpotQA record, or None."""
+        titles = {t for t, _ in d["supporting_facts"]}
+        if any(split_of(t) != "train" for t in titles) or d["answer"].lower() in ("yes", "no"):
+            return None
+        ctx = dict((t, s) for t, s in d["context"])
+        gold = [ctx[t][i].strip() for t, i in d["supporting_facts"] if t in ctx and i < len(ctx[t])]
+        return (d["question"], d["answer"], gold) if any(d["answer"].lower() in g.lower() for g in gold) else None
 
     def _qa(self, rng: random.Random, n_chunks: int, index: int) -> Sample | None:
         if rng.random() < 0.6:
-            data = corpora.load_json("squad")
-            arts = [a for a in data["data"] if split_of(a["title"]) == "train"]
-            para = rng.choice(rng.choice(arts)["paragraphs"])
+            para = rng.choice(rng.choice(self._pool("squad_arts")))
             qas = [q for q in para["qas"] if not q.get("is_impossible") and q["answers"]]
             if not qas:
                 return None
             qa = rng.choice(qas)
             answer = qa["answers"][0]["text"]
-            sents = corpora.split_sentences(para["context"])
-            gold_sents = [s for s in sents if answer in s][:1]
+            gold_sents = [s for s in corpora.split_sentences(para["context"]) if answer in s][:1]
             question, hay = qa["question"], "squad"
         else:
-            data = corpora.load_json("hotpotqa")
-            d = data[rng.randrange(len(data))]
-            titles = {t for t, _ in d["supporting_facts"]}
-            if any(split_of(t) != "train" for t in titles) or d["answer"].lower() in ("yes", "no"):
+            records = self._pool("hotpot_qa")
+            entry = records[rng.randrange(len(records))]
+            if entry is None:
                 return None
-            ctx = dict((t, s) for t, s in d["context"])
-            gold_sents = []
-            for t, i in d["supporting_facts"]:
-                if t in ctx and i < len(ctx[t]):
-                    gold_sents.append(ctx[t][i].strip())
-            sents, question, answer, hay = gold_sents, d["question"], d["answer"], "hotpot"
-            if not any(answer.lower() in s.lower() for s in gold_sents):
-                return None
+            (question, answer, gold_sents), hay = entry, "hotpot"
         if not gold_sents:
             return None
         filler = self._filler(rng.choice(("squad", "hotpot", "essay")), rng, "", ("words", "numbers"), set())
@@ -290,12 +290,6 @@ class NotesTask:
                         f"output any other words.\n\nQuestion: {question}")
         return Sample(id=f"notes-{self.seed}-{index}", question=question, answers=(answer,), chunks=tuple(chunks),
                       meta={"evidence": evidence, "haystack": hay, "distractors": 0, "kind": "qa"})
-
-
-def corpora_filler(rng: random.Random) -> str:
-    from .data import _filler_sentence
-
-    return _filler_sentence(rng).strip()
 
 
 def oracle_memories(sample: Sample, empty: str) -> list[str]:

@@ -25,15 +25,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .config import ConfigError, TrainConfig, add_config_flags, load_config, overrides_from_args
+from .config import ConfigError, TrainConfig, load_config, overrides_from_args
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("sft", help="supervised warm start on program-written notes (before RL)",
-                              description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=None, help="TOML/YAML/JSON file with TrainConfig keys (flags override it; default: none, every key then takes its default)")
-    add_config_flags(p)
-    p.set_defaults(func=main)
+    from .trainer import add_config_command
+
+    add_config_command(subparsers, "sft", "supervised warm start on program-written notes (before RL)",
+                       __doc__.split("\n\n")[0], main)
 
 
 def conversations(sample, reader, empty: str, rng: random.Random) -> list[tuple[list[dict], str]]:
@@ -53,11 +52,12 @@ def conversations(sample, reader, empty: str, rng: random.Random) -> list[tuple[
     return out
 
 
-def encode(hf_tok, messages: list[dict], target: str) -> tuple[list[int], list[int]]:
-    """(prompt ids, response ids): the chat template's generation prompt, then the target + end of turn."""
-    out = hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    ids = out["input_ids"] if not isinstance(out, list) else out
-    prompt = list(ids[0] if ids and isinstance(ids[0], list) else ids)
+def encode(hf_tok, messages: list[dict], target: str, search=None) -> tuple[list[int], list[int]]:
+    """(prompt ids, response ids): the prompt exactly as the embedded backend builds it (specials.chat_ids,
+    control tokens defused), then the target + end of turn. `search`: specials.pattern, built once."""
+    from ..specials import chat_ids
+
+    prompt = chat_ids(hf_tok, messages, search)
     eos = hf_tok.convert_tokens_to_ids("<|im_end|>")
     if eos is None or eos == hf_tok.unk_token_id:
         eos = hf_tok.eos_token_id
@@ -90,6 +90,9 @@ class SFTRun:
         self.reader = Reader(self.template, self.tokenizer, ReaderConfig(memory_tokens=config.memory_tokens,
                                                                          answer_tokens=config.answer_tokens))
         self.task = make_task(config, self.tokenizer)
+        from ..specials import pattern, special_strings
+
+        self.specials = pattern(special_strings(self.hf_tok))
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay,
                                            betas=(config.adam_beta1, config.adam_beta2))
@@ -109,7 +112,7 @@ class SFTRun:
             sample = self.task.sample(self.cursor)
             rng = random.Random(f"sft:{self.c.seed}:{self.cursor}")
             self.cursor += 1
-            rows += [encode(self.hf_tok, m, t) for m, t in
+            rows += [encode(self.hf_tok, m, t, self.specials) for m, t in
                      conversations(sample, self.reader, self.template.empty_memory, rng)]
         return rows
 

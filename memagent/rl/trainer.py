@@ -14,12 +14,18 @@ import sys
 from .config import ConfigError, TrainConfig, add_config_flags, load_config, overrides_from_args
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train the memory agent with Multi-Conv DAPO (RL)",
-                              description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=None, help="TOML/YAML/JSON file with TrainConfig keys (flags override it; default: none, every key then takes its default)")
+def add_config_command(subparsers, name: str, help: str, description: str, func) -> None:
+    """A subcommand configured by one TrainConfig file plus a flag per key (`train`, `sft`)."""
+    p = subparsers.add_parser(name, help=help, description=description)
+    p.add_argument("--config", default=None, help="TOML/YAML/JSON file with TrainConfig keys (flags override it; "
+                                                  "default: none, every key then takes its default)")
     add_config_flags(p)
-    p.set_defaults(func=main)
+    p.set_defaults(func=func)
+
+
+def add_parser(subparsers) -> None:
+    add_config_command(subparsers, "train", "train the memory agent with Multi-Conv DAPO (RL)",
+                       __doc__.split("\n\n")[0], main)
 
 
 def train_steps(trainer, show: bool = True, on_step=None) -> dict:

@@ -106,14 +106,15 @@ def _registry() -> dict[str, TaskSpec]:
     from .ruler_hotpotqa import DocQABuilder
 
     class _DocQA(Builder):
-        def __init__(self, name, corpus, tokenizer, seed, metric, question_fmt):
-            self.name, self.seed, self.metric, self.fmt = name, seed, metric, question_fmt
+        def __init__(self, name, corpus, tokenizer, seed, metric, question_fmt, split=None):
+            self.name, self.seed, self.metric, self.fmt, self.split = name, seed, metric, question_fmt, split
             self.builder = DocQABuilder(corpus(), tokenizer)
             self._questions: list = []
 
         def record(self, index):
             if index >= len(self._questions):
-                self._questions = self.builder.questions(max(index + 1, 2 * len(self._questions), 128), self.seed)
+                want = max(index + 1, 2 * len(self._questions), 128)
+                self._questions = self.builder.questions(want, self.seed, self.split)
             return self._questions[index]
 
         def sample(self, index, length):
@@ -129,8 +130,9 @@ def _registry() -> dict[str, TaskSpec]:
     specs = [
         TaskSpec("ruler-hotpotqa", "sub_em", "MemAgent's RULER-HotpotQA (HotpotQA dev + pool distractors)",
                  lambda tok, seed: _DocQA("ruler-hotpotqa", hotpotqa, tok, seed, "sub_em", "{q}")),
-        TaskSpec("qa_1", "string_match_part", "RULER qa_1: SQuAD v2 dev (answerable) + distractor paragraphs",
-                 lambda tok, seed: _DocQA("qa_1", squad, tok, seed, "string_match_part", qa_fmt)),
+        TaskSpec("qa_1", "string_match_part", "RULER qa_1: SQuAD v2 dev (answerable; the eval half of the articles, "
+                 "never trained on) + distractor paragraphs",
+                 lambda tok, seed: _DocQA("qa_1", squad, tok, seed, "string_match_part", qa_fmt, split="eval")),
         TaskSpec("qa_2", "string_match_part", "RULER qa_2: HotpotQA dev + distractor paragraphs",
                  lambda tok, seed: _DocQA("qa_2", hotpotqa, tok, seed, "string_match_part", qa_fmt)),
     ]

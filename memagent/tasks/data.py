@@ -140,12 +140,22 @@ class CountCache:
 
 # ---- HotpotQA and SQuAD as document pools -----------------------------------------------------------
 
+def split_of(name: str, eval_share: float = 0.5) -> str:
+    """'train' or 'eval' for an article or title, stable across runs and machines (sha256, not hash()).
+
+    Training data (rl/notes_data.py) reads only 'train' articles; evaluations that a trained model is
+    measured on (qa_1) ask only 'eval' ones, so no article is in both."""
+    h = int(hashlib.sha256(name.encode("utf-8")).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return "eval" if h < eval_share else "train"
+
+
 class QARecord:
     """One question of a document-QA corpus: its own paragraphs (pool indices) and answers."""
 
-    __slots__ = ("qid", "question", "answers", "must", "own", "more", "kind")
+    __slots__ = ("qid", "question", "answers", "must", "own", "more", "kind", "split")
 
-    def __init__(self, qid, question, answers, must, own, more=(), kind=""):
+    def __init__(self, qid, question, answers, must, own, more=(), kind="", split=""):
+        self.split = split  # split_of its article (SQuAD) or of its gold titles (HotpotQA; "mixed" if they differ)
         self.qid, self.question, self.answers = qid, question, list(answers)
         self.must = list(must)  # paragraphs that hold the answer: never dropped
         self.own = list(own)  # the question's other paragraphs (HotpotQA's 8 distractors): added first
@@ -177,7 +187,9 @@ def hotpotqa() -> DocQACorpus:
         gold_titles = {t for t, _ in d["supporting_facts"]}
         must = [where[_paragraph(t, s)] for t, s in d["context"] if t in gold_titles]
         own = [i for i in ctx if i not in must]
-        records.append(QARecord(d["_id"], d["question"], [d["answer"]], must, own, kind=d.get("type", "")))
+        splits = {split_of(t) for t in gold_titles}
+        records.append(QARecord(d["_id"], d["question"], [d["answer"]], must, own, kind=d.get("type", ""),
+                                split=splits.pop() if len(splits) == 1 else "mixed"))
     return DocQACorpus("hotpotqa", docs, records)
 
 
@@ -196,7 +208,7 @@ def squad() -> DocQACorpus:
                 if qa.get("is_impossible"):
                     continue
                 records.append(QARecord(qa["id"], qa["question"], [a["text"] for a in qa["answers"]], [me], [],
-                                        [i for i in article if i != me], kind="squad"))
+                                        [i for i in article if i != me], kind="squad", split=split_of(art["title"])))
     return DocQACorpus("squad", docs, records)
 
 

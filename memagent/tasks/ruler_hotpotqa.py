@@ -58,11 +58,15 @@ class DocQABuilder:
                 self._headers.append(acc)
         return self._headers[k]
 
-    def questions(self, n: int, seed: int) -> list[QARecord]:
+    def questions(self, n: int, seed: int, split: str | None = None) -> list[QARecord]:
+        """n questions in a seeded order; `split` keeps only that half of the articles (data.split_of)."""
         order = list(range(len(self.corpus.records)))
         random.Random(f"{seed}/{self.corpus.name}/questions").shuffle(order)
+        if split is not None:
+            order = [i for i in order if self.corpus.records[i].split == split]
         if n > len(order):
-            raise ValueError(f"{self.corpus.name} has {len(order)} questions; asked for {n}")
+            raise ValueError(f"{self.corpus.name} has {len(order)} questions{f' in its {split} split' if split else ''}; "
+                             f"asked for {n}")
         return [self.corpus.records[i] for i in order[:n]]
 
     def select(self, rec: QARecord, target: int, seed: int) -> tuple[list[int], int]:
