@@ -11,7 +11,8 @@ benchmarks/results/notes_model.json with the command, date and machine, and prin
     python benchmarks/bench_notes_model.py --collect          # only rebuild the JSON from finished runs
 
 A cell is TASK@LENGTH (any `memagent eval tasks` name; lengths as eval reads them, 4k = 4096) or
-planted@CHUNKS. The documents are generated from seeds (eval --seed 42, planted-fact's test split):
+planted@CHUNKS, or demo (the README demo's two questions, scored against the answers its document states,
+asked one after the other). The documents are generated from seeds (eval --seed 42, planted-fact's test split):
 none of them is in the training data, whose generator (memagent/rl/notes_data.py) draws other keys,
 values and wordings, and whose SQuAD/HotpotQA questions come from the other half of the articles.
 """
@@ -37,11 +38,32 @@ OUT = ROOT / "benchmarks" / "results" / "notes_model.json"
 SETTINGS = ["--template", "notes", "--chunk-tokens", "512", "--memory-tokens", "64"]
 
 
+# The demo's questions and the answers its document states ("... is 943 millibars", "her name is Agnes Varley").
+DEMO = {"What is the lowest barometer reading recorded in the ledger?": "943 millibars",
+        "What is the name of the relief keeper?": "Agnes Varley"}
+
+
 def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads: int) -> Path:
-    name, at = cell.split("@")
+    name, _, at = cell.partition("@")
     folder = RUNS / Path(model).name / gate / cell.replace("@", "-")
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if name == "demo":  # the README demo's two questions on memagent/examples/keeper_log.txt (never trained on)
+        out = folder / "demo.json"
+        if out.is_file() or gate != "off":
+            return folder
+        cmd = [sys.executable, "-m", "memagent", "ask", str(ROOT / "memagent" / "examples" / "keeper_log.txt"),
+               *DEMO, "--model", model, "--json", "--threads", str(threads)] + SETTINGS
+        print("+", " ".join(cmd), file=sys.stderr, flush=True)
+        t0 = time.time()
+        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+        replies = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        runs = [{"question": r["question"], "answer": r["answer"], "memory": r["memory"], "gold": DEMO[r["question"]],
+                 "correct": DEMO[r["question"]].lower() in (r["answer"] or "").lower(), "seconds": r["seconds"]}
+                for r in replies]
+        out.write_text(json.dumps({"runs": runs, "rc": proc.returncode, "wall_seconds": round(time.time() - t0, 1)},
+                                  indent=1) + "\n")
+        return folder
     if name == "planted":
         out = folder / "planted.json"
         if out.is_file() and all(r["docs"] == n for r in json.loads(out.read_text())["runs"]):
@@ -49,7 +71,8 @@ def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads
         if gate != "off":  # planted_fact.py reads every chunk; the gate's effect is measured on RULER cells
             return folder
         cmd = [sys.executable, str(ROOT / "benchmarks" / "planted_fact.py"), "--split", "test", "--chunks", at,
-               "--docs", str(n), "--model", model, "--concurrency", str(concurrency), "--out", str(out)]
+               "--docs", str(n), "--model", model, "--concurrency", str(concurrency), "--out", str(out),
+               "--templates", "notes", "--chunk-tokens", "512", "--memory-tokens", "64"]
     else:
         cmd = [sys.executable, "-m", "memagent", "eval", "--task", name, "--lengths", at, "--n", str(n),
                "--model", model, "--concurrency", str(concurrency), "--threads", str(threads),
@@ -69,6 +92,13 @@ def rows_of(model: str, gate: str, folder: Path) -> list[dict]:
                         "n": r["docs"], "accuracy": round(100 * r["accuracy"], 1),
                         "seconds_per_doc": round(r["seconds"] / max(r["docs"], 1), 1),
                         "fact_in_memory": r["fact_in_final_memory"]})
+    demo = folder / "demo.json"
+    if demo.is_file():
+        runs = json.loads(demo.read_text())["runs"]
+        out.append({"model": Path(model).name, "gate": gate, "task": "demo", "length": "2 chunks", "n": len(runs),
+                    "accuracy": round(100 * sum(r["correct"] for r in runs) / max(len(runs), 1), 1),
+                    "seconds_per_doc": round(sum(r["seconds"] for r in runs) / max(len(runs), 1), 1),
+                    "answers": [r["answer"] for r in runs]})
     summary = folder / "summary.json"
     if summary.is_file():
         d = json.loads(summary.read_text())
@@ -92,7 +122,10 @@ def collect(command: str) -> dict:
                       "seconds_per_doc is wall time per document with the other documents of the cell read "
                       "concurrently (a loaded 2-core machine: training and tests ran beside it); "
                       "merged-sft / merged-rl: the stage-1 and stage-1+2 adapters merged into runs/ folders "
-                      "(the same eval with --models runs/merged-sft), memagent-notes-135m: all three stages",
+                      "(the same eval with --models runs/merged-sft), memagent-notes-135m: all three stages (shipped); "
+                      "notes-135m-v2: a candidate stage 4 (configs/notes-135m-sft3.toml: prose facts, first token "
+                      "weighted 4x) merged into runs/notes-135m-v2, measured and not shipped; demo: the README "
+                      "demo's two questions (accuracy over the 2), asked in one read",
               "commands": commands, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "rows": rows}
     OUT.write_text(json.dumps(result, indent=1) + "\n")

@@ -17,6 +17,7 @@ import asyncio
 import datetime
 import json
 import os
+from pathlib import Path
 import platform
 import random
 import sys
@@ -93,7 +94,9 @@ def main(argv=None) -> int:
     from memagent.backends import make_backend
     from memagent.tokenizer import HFTokenizer
 
-    spec = models.get_spec(args.model)
+    # An HF folder (e.g. a merged adapter under runs/) has no registry entry: the defaults it gets are the
+    # embedded default model's, and --templates / --chunk-tokens / --memory-tokens override them.
+    spec = models.get_spec(models.DEFAULT_MODEL if Path(args.model).is_dir() else args.model)
     chunk_tokens = args.chunk_tokens or spec.chunk_tokens
     memory_tokens = args.memory_tokens or spec.memory_tokens
     tokenizer = HFTokenizer.from_file(models.tokenizer_path(args.model))

@@ -136,3 +136,99 @@ def test_sft_command_trains_saves_and_resumes_on_the_real_model(tmp_path, capsys
     final = tmp_path / "run" / "final"
     assert (final / "adapter_config.json").is_file() and (final / "adapter_model.safetensors").is_file()
     assert main(["sft", "--config", str(cfg), "--task", "kv"]) == 2  # sft needs the notes task's evidence
+
+
+def test_first_token_weight_matches_hand_computed_loss():
+    """Two-word vocabulary, uniform logits except the first position: the weighted loss by hand."""
+    import math
+
+    import torch
+
+    from memagent.rl.sft import response_loss
+
+    logits = torch.tensor([[0.0, math.log(3.0)], [0.0, 0.0], [0.0, 0.0]])  # p(1) = 3/4 at the first token
+    target = torch.tensor([0, 1, 0])  # first token's CE = -ln(1/4) = ln 4; the others ln 2
+    loss, per_token = response_loss(logits, target, first_weight=4.0, norm=6.0)
+    assert per_token.tolist() == pytest.approx([math.log(4), math.log(2), math.log(2)])
+    assert float(loss) == pytest.approx((4 * math.log(4) + 2 * math.log(2)) / 6)
+    unweighted, _ = response_loss(logits, target, first_weight=1.0, norm=3.0)
+    assert float(unweighted) == pytest.approx((math.log(4) + 2 * math.log(2)) / 3)
+
+
+@pytest.fixture(scope="module")
+def prose_task(smol_tokenizer):
+    return NotesTask(smol_tokenizer, chunk_tokens=256, max_chunks=4, memory_tokens=64, seed=5, qa_share=0.0,
+                     prose_share=1.0)
+
+
+def test_prose_facts_keep_the_asked_fact_and_plant_look_alikes(prose_task):
+    shapes, with_distractors = set(), 0
+    for i in range(40):
+        s = prose_task.sample(i)
+        assert s == prose_task.sample(i)
+        shapes.add(s.meta["kind"])
+        evidence = [e for per in s.meta["evidence"] for e in per]
+        assert len(evidence) == 1 and s.answers[0].lower() in evidence[0].lower()
+        assert evidence[0] in s.context
+        if s.meta["distractors"]:
+            with_distractors += 1
+            # every planted distractor is in the document and is not kept by the oracle notes
+            others = [ln for ln in s.context.replace(". ", ".\n").splitlines()
+                      if ln.strip() and ln.strip() not in evidence[0] and s.answers[0] not in ln]
+            assert others
+    assert shapes == {"prose-attr", "prose-role", "prose-extreme"} and with_distractors >= 15
+
+
+def test_prose_facts_never_use_the_held_out_wordings(prose_task):
+    """The demo document's measure and role and the planted-fact benchmark's attribute stay out of the
+    training facts and questions, so those cells measure transfer."""
+    from memagent.rl import notes_prose
+
+    vocab = " ".join(map(str, [notes_prose.ATTRS, notes_prose.ATTR_FACTS, notes_prose.ROLES, notes_prose.ROLE_FACTS,
+                               notes_prose.MEASURES, notes_prose.RECORDS, notes_prose.EXTREME_FACTS,
+                               notes_prose.READING])).lower()
+    for word in ("access code", "barometer", "keeper", "ledger", "red ink"):
+        assert word not in vocab
+    for i in range(40):
+        s = prose_task.sample(i)
+        text = (s.question + " " + " ".join(e for per in s.meta["evidence"] for e in per)).lower()
+        assert "access code" not in text and "barometer" not in text and "keeper" not in text
+
+
+def test_shares_mix_the_three_kinds(smol_tokenizer):
+    t = NotesTask(smol_tokenizer, chunk_tokens=256, max_chunks=2, memory_tokens=64, seed=1, qa_share=0.3,
+                  prose_share=0.4)
+    kinds = [t.sample(i).meta["kind"].split("-")[0] for i in range(40)]
+    assert {"needle", "qa", "prose"} <= set(kinds)
+    assert 8 <= kinds.count("prose") <= 24
+
+
+def test_notes_shares_and_first_token_weight_are_validated():
+    from memagent.rl.config import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match="sum to at most 1"):
+        TrainConfig(task="notes", notes_qa_share=0.7, notes_prose_share=0.5)
+    with pytest.raises(ConfigError, match="sft_first_token_weight"):
+        TrainConfig(task="notes", sft_first_token_weight=0.0)
+    assert TrainConfig(task="notes", notes_qa_share=0.25, notes_prose_share=0.35).notes_prose_share == 0.35
+
+
+def test_heldout_check_reads_fresh_training_documents_with_the_real_model(tmp_path):
+    """benchmarks/notes_heldout.py end to end on SmolLM2-135M (one prose document): it writes the scored
+    sample, and a sample is correct exactly when its gold value is in the answer."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "notes_heldout.py"
+    spec = importlib.util.spec_from_file_location("notes_heldout", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "h.json"
+    assert mod.main(["--model", "smollm2-135m", "--kind", "prose", "--docs", "1", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["docs"] == 1 and d["seed"] == 99 and d["machine"]["cpu_count"] >= 1
+    (row,) = d["samples"]
+    assert row["kind"].startswith("prose-") and row["error"] is None
+    assert row["correct"] == (row["gold"][0].lower() in (row["answer"] or "").lower())
+    assert d["accuracy"] == float(row["correct"])

@@ -54,6 +54,7 @@ class TrainConfig:
     chunk_tokens: int = 128  # model tokens per chunk
     num_distractors: int = 2  # other key->value facts planted in the document (kv task)
     notes_qa_share: float = 0.25  # task notes: share of document-QA samples (SQuAD/HotpotQA train halves)
+    notes_prose_share: float = 0.0  # task notes: share of facts told in prose (rl/notes_prose.py); rest: needles
     kv_values: str = "number"  # kv task values: number (4 digits, "access code") | word ("password")
     memory_tokens: int = 64  # cap of every memory update (max_completion_length of update turns)
     answer_tokens: int = 24  # cap of the final answer turn
@@ -97,6 +98,7 @@ class TrainConfig:
     clip_ratio_c: float | None = None  # dual-clip cap for negative advantages (release 3.0); None = off
     max_tokens_per_microbatch: int = 4096  # padded tokens per forward; bounds memory, not the maths
     sft_conversations_per_step: int = 8  # memagent sft: conversations per optimizer step (whole documents)
+    sft_first_token_weight: float = 1.0  # memagent sft: loss weight of a note's first token (keep-or-drop decision)
     max_nonfinite_steps: int = 3  # consecutive NaN/inf steps tolerated (each is skipped) before the run stops
     seed: int = 0
     # --- bookkeeping ---------------------------------------------------------------------------------
@@ -134,6 +136,11 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 <= self.epsilon < 1 or (self.epsilon_high is not None and self.epsilon_high < 0):
             raise ConfigError("epsilon must be in [0, 1) and epsilon_high >= 0")
+        if not (0 <= self.notes_qa_share and 0 <= self.notes_prose_share
+                and self.notes_qa_share + self.notes_prose_share <= 1):
+            raise ConfigError("notes_qa_share and notes_prose_share must be >= 0 and sum to at most 1")
+        if self.sft_first_token_weight <= 0:
+            raise ConfigError(f"sft_first_token_weight must be positive, got {self.sft_first_token_weight}")
         if self.beta < 0:
             raise ConfigError(f"beta must be >= 0, got {self.beta}")
         if self.num_generations < 2 and self.dynamic_sampling:

@@ -11,6 +11,8 @@ document here mixes, by a seeded draw:
 * question phrasings with and without a preamble;
 * document-QA questions from the *training* halves of SQuAD (split by article) and HotpotQA (split by
   gold title), whose evidence sentences are known (the answer's sentence; the supporting facts);
+* facts told in ordinary prose (rl/notes_prose.py: attributes of things, people in roles, stated
+  extremes in records), each with look-alike distractors, for a `prose_share` of the samples;
 * 1 to `max_chunks` chunks of `chunk_tokens` tokens.
 
 Each sample also carries `meta["evidence"]`: per chunk, the evidence sentences it holds. From that,
@@ -27,6 +29,7 @@ from ..tasks import data as corpora
 from ..tasks.data import split_of
 from ..tokenizer import Tokenizer
 from .data import Sample, _filler_sentence
+from .notes_prose import prose_fact
 
 RULER_NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 FACTS = (  # {t}: the value's kind, singular; {T}: plural
@@ -112,8 +115,9 @@ class NotesTask:
     name = "notes"
 
     def __init__(self, tokenizer: Tokenizer, chunk_tokens: int = 512, max_chunks: int = 8, memory_tokens: int = 64,
-                 seed: int = 0, min_chunks: int = 1, qa_share: float = 0.25):
+                 seed: int = 0, min_chunks: int = 1, qa_share: float = 0.25, prose_share: float = 0.0):
         self.tok, self.chunk_tokens, self.max_chunks = tokenizer, chunk_tokens, max_chunks
+        self.prose_share = prose_share
         self.min_chunks, self.memory_tokens, self.seed, self.qa_share = min_chunks, memory_tokens, seed, qa_share
         self._pools: dict = {}
 
@@ -213,8 +217,13 @@ class NotesTask:
         for attempt in range(50):
             rng = random.Random(f"notes:{self.seed}:{index}:{attempt}")
             n_chunks = rng.randint(self.min_chunks, self.max_chunks)
-            s = (self._qa(rng, n_chunks, index) if rng.random() < self.qa_share
-                 else self._needle(rng, n_chunks, index))
+            r = rng.random()
+            if r < self.qa_share:
+                s = self._qa(rng, n_chunks, index)
+            elif r < self.qa_share + self.prose_share:
+                s = prose_fact(self, rng, n_chunks, index)
+            else:
+                s = self._needle(rng, n_chunks, index)
             if s is not None and self._fits(s):
                 return s
         raise RuntimeError(f"notes task: no sample fits for index {index}")

@@ -6,6 +6,11 @@ dropped. Here the model imitates the notes a program writes with full knowledge 
 (rl/notes_data.py: every evidence sentence seen so far, verbatim), and the final answer in \\boxed{}.
 The prompts are rendered by the same `Reader` inference uses, so the model learns the exact conversations
 it will see; the loss is the mean cross-entropy over response tokens (prompt tokens are not trained).
+`sft_first_token_weight` > 1 weighs each response's first token more: in a memory update that token
+decides keep or drop (the empty marker's "(" against the start of a kept sentence), and it is one token
+among dozens, so unweighted it barely moves the loss. A final answer's first token is always the start
+of `\\boxed{`, learned at once, so the extra weight there costs nothing. The logged `loss` stays the
+unweighted mean, comparable across runs.
 
 Which turns of a document are trained: every update whose chunk holds new evidence, one update that
 must keep the notes unchanged (evidence already found, only distractors or filler here), one update
@@ -62,6 +67,18 @@ def encode(hf_tok, messages: list[dict], target: str, search=None) -> tuple[list
     if eos is None or eos == hf_tok.unk_token_id:
         eos = hf_tok.eos_token_id
     return prompt, hf_tok.encode(target, add_special_tokens=False) + [eos]
+
+
+def response_loss(logits, target, first_weight: float, norm: float):
+    """(weighted loss share of one response, its per-token cross-entropy): sum over the response's tokens
+    of weight x cross-entropy, divided by `norm` (the weights' sum over the whole batch), the first token
+    weighing `first_weight` and the rest 1. Summed over a batch's responses this is the weighted mean."""
+    import torch
+
+    per_token = torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")
+    weights = torch.ones_like(per_token)
+    weights[0] = first_weight
+    return (per_token * weights).sum() / norm, per_token
 
 
 class SFTRun:
@@ -121,23 +138,28 @@ class SFTRun:
         t0 = time.time()
         rows = self.batch()
         n_resp = sum(len(r) for _, r in rows)
+        w_first = self.c.sft_first_token_weight
+        norm = n_resp + (w_first - 1) * len(rows)  # the weights' sum: every response has a first token
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total, correct = 0.0, 0
+        total, correct, first_correct = 0.0, 0, 0
         for prompt, resp in rows:  # one row per forward: no padding on a CPU
             ids = torch.tensor([prompt + resp], device=self.device)
             logits = self.model(input_ids=ids[:, :-1]).logits[0, len(prompt) - 1:]
             target = ids[0, len(prompt):]
-            loss = torch.nn.functional.cross_entropy(logits.float(), target, reduction="sum")
-            (loss / n_resp).backward()
-            total += float(loss.detach())
-            correct += int((logits.argmax(-1) == target).sum())
+            loss, per_token = response_loss(logits, target, w_first, norm)
+            loss.backward()
+            total += float(per_token.detach().sum())
+            hits = logits.argmax(-1) == target
+            correct += int(hits.sum())
+            first_correct += int(hits[0])
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.c.max_grad_norm))
         if math.isfinite(grad_norm):
             self.optimizer.step()
         self.scheduler.step()
         self.step += 1
         rec = {"step": self.step, "loss": total / n_resp, "token_accuracy": correct / n_resp,
+               "first_token_accuracy": first_correct / len(rows),
                "conversations": len(rows), "response_tokens": n_resp,
                "tokens": sum(len(p) + len(r) for p, r in rows), "grad_norm": grad_norm,
                "lr": self.scheduler.get_last_lr()[0], "seconds": round(time.time() - t0, 2), "cursor": self.cursor}

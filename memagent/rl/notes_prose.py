@@ -1,0 +1,185 @@
+"""Facts told in ordinary prose, for the notes-model training data (rl/notes_data.py draws these).
+
+Why a second fact generator: the first (notes_data.FACTS) speaks in the key-value shapes of needle
+benchmarks ("The code for X is Y."), and a model trained only on those learns to keep sentences of that
+shape and to drop everything else, including a fact a person wrote in a diary or a report. Here the same
+skill (keep the asked fact, drop look-alike facts about other things) is drawn in prose shapes:
+* an attribute of a thing ("the combination of the dented trunk"), a person named in a role, and a
+  stated extreme in a record ("the highest tide in the harbour book");
+* one- and two-sentence wordings, the value at the start, middle or end of the sentence;
+* distractors that share the attribute (other things), the thing (other attributes), the role (other
+  roles) or the measure (other readings that are not the extreme);
+* questions phrased several ways.
+
+Held out on purpose (never drawn here): the planted-fact benchmark's attribute ("access code"), and the
+demo document's measure (barometer) and role (keeper): tests/test_notes_training.py checks that no
+training sample mentions them, so the demo and the planted-fact cells stay measurements of transfer.
+"""
+from __future__ import annotations
+
+import random
+
+from ..tasks import data as corpora
+
+_FIRST = ("Aino", "Bastian", "Celia", "Dario", "Elif", "Fenna", "Gideon", "Halima", "Ivo", "Jana", "Kasimir",
+          "Liesel", "Marek", "Noor", "Odile", "Pavel", "Renata", "Silas", "Thea", "Umar", "Vera", "Willem",
+          "Yara", "Zeno", "Maud", "Florian", "Ottilie", "Cyrus")
+_LAST = ("Ashdown", "Brightwell", "Corrigan", "Delacroix", "Ellery", "Fairweather", "Grünwald", "Hollis",
+         "Ingram", "Joubert", "Kettering", "Lowry", "Marchetti", "Nyberg", "Oyelaran", "Penhallow", "Ravel",
+         "Szabo", "Thornbury", "Underhill", "Vasquez", "Whitcombe", "Yilmaz", "Zielinski")
+_TOWNS = ("Harrowby", "Kestrel Bay", "Old Marton", "Saltcombe", "Wendover", "Ashby Cross", "Port Ellery",
+          "Brackenfield", "Linmouth", "Stanwick", "Fallowmere", "Deepdale")
+_COLOURS = ("crimson", "teal", "ochre", "ivory", "slate grey", "mustard", "navy", "olive", "lilac", "rust")
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+           "November", "December")
+
+ATTRS = (  # (attribute, value kind); "access code" is the planted-fact benchmark's and is never drawn
+    ("combination", "digits"), ("serial number", "code"), ("password", "word"), ("room number", "small"),
+    ("licence number", "code"), ("phone extension", "digits"), ("locker number", "small"),
+    ("registration", "code"), ("nickname", "word"), ("owner", "name"), ("maker", "name"),
+    ("weight", "kilograms"), ("length", "metres"), ("price", "money"), ("year of purchase", "year"),
+    ("colour", "colour"), ("home port", "town"), ("inspection date", "date"), ("catalogue number", "digits"),
+    ("pin number", "digits"), ("tracking number", "code"), ("motto", "word"),
+)
+ATTR_FACTS = (
+    "The {a} of {e} is {v}.",
+    "{E} has {v} as its {a}.",
+    "Someone had scratched a note inside the lid: the {a} of {e} was {v}.",
+    "As it turns out, the {a} of {e} is {v}, which nobody had thought to write down before.",
+    "We checked the {a} of {e} twice, and it is {v}.",
+    "The {a} for {e}, according to the old inventory, is {v}.",
+    "Then there is {e}. Its {a}, for the record, is {v}.",
+    "In the end the {a} of {e} proved to be {v}, not what the label said.",
+    "{v} - that is the {a} of {e}, as the clerk confirmed.",
+    "My sister reminded me that {e} carries the {a} {v}.",
+)
+ATTR_QUESTIONS = (
+    "What is the {a} of {e}?",
+    "Which {a} does {e} have?",
+    "What {a} was recorded for {e}?",
+    "Tell me the {a} of {e}.",
+    "According to the text, what is the {a} of {e}?",
+    "Find the {a} of {e} in the document.",
+)
+ROLES = ("night porter", "harbour master", "ship's cook", "head gardener", "new schoolteacher", "station clerk",
+         "ferry pilot", "choir leader", "village doctor", "ward nurse", "bell ringer", "quartermaster",
+         "head librarian", "mill foreman", "chief engineer", "postmistress", "surveyor", "deputy mayor")
+ROLE_FACTS = (
+    "The {r} is called {n}.",
+    "{n} has been appointed {r}.",
+    "Our {r}, {n}, came by this afternoon with news from town.",
+    "The {r} arrives next week. I hear the name is {n}.",
+    "Everyone agrees that the best {r} the town ever had was {n}.",
+    "A letter came today: the post of {r} goes to {n}.",
+    "The {r} - a quiet person named {n} - keeps to the back room.",
+)
+ROLE_QUESTIONS = ("What is the name of the {r}?", "Who is the {r}?", "Who was named {r}?",
+                  "Which person is the {r}?")
+MEASURES = (("temperature", "degrees"), ("wind speed", "knots"), ("tide", "metres"), ("rainfall", "millimetres"),
+            ("catch", "kilograms"), ("attendance", "people"), ("price of coal", "shillings"), ("score", "points"))
+RECORDS = ("the harbour book", "the season's register", "the old diary", "the survey notes", "the club minutes",
+           "the shipping log", "the school report", "the market accounts")
+EXTREMES = ("highest", "lowest", "largest", "smallest")
+EXTREME_FACTS = (
+    "The {x} {m} in {rec} is {v}.",
+    "Of every {m} in {rec}, the {x} was {v}, underlined twice.",
+    "{rec_cap} gives {v} as the {x} {m} it ever held.",
+    "The {x} {m} ever written into {rec}, in blue pencil, is {v}.",
+)
+READING = ("On a {day} the {m} was {v}.", "A {m} of {v} was noted one {day}.", "{rec_cap} shows a {m} of {v}.")
+EXTREME_QUESTIONS = ("What is the {x} {m} in {rec}?", "What was the {x} {m} recorded in {rec}?",
+                     "Which {x} {m} does {rec} give?")
+
+
+def _value(kind: str, rng: random.Random) -> str:
+    w = corpora.wonderwords_lists()
+    if kind == "digits":
+        d = rng.randint(4, 8)
+        return str(rng.randint(10 ** (d - 1), 10 ** d - 1))
+    if kind == "small":
+        return str(rng.randint(2, 999))
+    if kind == "code":
+        return f"{''.join(rng.choice('ABCDEFGHJKLMNPRSTUVWXYZ') for _ in range(rng.randint(1, 3)))}-{rng.randint(10, 9999)}"
+    if kind == "word":
+        return rng.choice(w["noun"]) if rng.random() < 0.5 else f"{rng.choice(w['adjective'])} {rng.choice(w['noun'])}"
+    if kind == "name":
+        return f"{rng.choice(_FIRST)} {rng.choice(_LAST)}"
+    if kind in ("kilograms", "metres"):
+        return f"{rng.randint(2, 950)} {kind}"
+    if kind == "money":
+        return f"{rng.randint(3, 900)} pounds"
+    if kind == "year":
+        return str(rng.randint(1820, 2019))
+    if kind == "colour":
+        return rng.choice(_COLOURS)
+    if kind == "town":
+        return rng.choice(_TOWNS)
+    return f"{rng.randint(1, 28)} {rng.choice(_MONTHS)}"
+
+
+def _entity(rng: random.Random) -> str:
+    w = corpora.wonderwords_lists()
+    r = rng.random()
+    if r < 0.5:
+        return f"the {rng.choice(w['adjective'])} {rng.choice(w['noun'])}"
+    if r < 0.75:
+        return f"the {rng.choice(w['noun'])} in {rng.choice(_TOWNS)}"
+    return f"{rng.choice(_FIRST)} {rng.choice(_LAST)}'s {rng.choice(w['noun'])}"
+
+
+def _cap(s: str) -> str:
+    return s[0].upper() + s[1:]
+
+
+def _attr(rng: random.Random) -> tuple[list[str], list[str], str, tuple[str, ...]]:
+    """(gold sentences, distractor sentences, question, answers) about one attribute of one thing."""
+    (a, kind), e = rng.choice(ATTRS), _entity(rng)
+    fmt = rng.choice(ATTR_FACTS)
+    v = _value(kind, rng)
+    say = lambda f, a_, e_, v_: _cap(f.format(a=a_, e=e_, E=_cap(e_), v=v_))  # noqa: E731
+    distract, seen = [], {(a, e)}
+    for _ in range(rng.choice((0, 1, 2, 3, 4, 6))):
+        if rng.random() < 0.6:  # the same attribute of another thing (the hard case)
+            a2, kind2, e2 = a, kind, _entity(rng)
+        else:  # another attribute of the same thing
+            (a2, kind2), e2 = rng.choice(ATTRS), e
+        if (a2, e2) not in seen:
+            seen.add((a2, e2))
+            distract.append(say(fmt if rng.random() < 0.5 else rng.choice(ATTR_FACTS), a2, e2, _value(kind2, rng)))
+    return [say(fmt, a, e, v)], distract, rng.choice(ATTR_QUESTIONS).format(a=a, e=e), (v,)
+
+
+def _role(rng: random.Random):
+    roles = rng.sample(ROLES, rng.randint(1, 5))
+    names = rng.sample([f"{f} {l}" for f in rng.sample(_FIRST, 6) for l in rng.sample(_LAST, 4)], len(roles))
+    facts = [rng.choice(ROLE_FACTS).format(r=r, n=n) for r, n in zip(roles, names)]
+    facts = [_cap(f) for f in facts]
+    return facts[:1], facts[1:], rng.choice(ROLE_QUESTIONS).format(r=roles[0]), (names[0],)
+
+
+def _extreme(rng: random.Random):
+    (m, unit), rec, x = rng.choice(MEASURES), rng.choice(RECORDS), rng.choice(EXTREMES)
+    lo, hi = (10, 400) if unit != "people" else (40, 5000)
+    v = rng.randint(lo, hi)
+    others = rng.sample(range(lo, hi), rng.randint(0, 4))
+    others = [o for o in others if (o < v if x in ("highest", "largest") else o > v)]
+    fill = dict(m=m, rec=rec, rec_cap=_cap(rec), x=x)
+    gold = _cap(rng.choice(EXTREME_FACTS).format(v=f"{v} {unit}", **fill))
+    days = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+    distract = [_cap(rng.choice(READING).format(v=f"{o} {unit}", day=rng.choice(days), **fill)) for o in others]
+    return [gold], distract, rng.choice(EXTREME_QUESTIONS).format(**fill), (f"{v} {unit}",)
+
+
+def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
+    """One document whose asked fact is told in prose (see the module docstring); a notes_data.Sample."""
+    from .data import Sample
+
+    shape = rng.choice(("attr", "attr", "role", "extreme"))
+    gold, distract, question, answers = {"attr": _attr, "role": _role, "extreme": _extreme}[shape](rng)
+    hay = rng.choice(("essay", "essay", "squad", "hotpot"))
+    filler = task._filler(hay, rng, "", ("words", "numbers"), set())
+    chunks, ev_sents = task._layout(rng, n_chunks, filler, gold + distract)
+    evidence = [[e for e in per if e in gold] for per in ev_sents]
+    return Sample(id=f"notes-{task.seed}-{index}", question=question, answers=answers, chunks=tuple(chunks),
+                  meta={"evidence": evidence, "haystack": hay, "distractors": len(distract), "kind": f"prose-{shape}",
+                        "key": question})
