@@ -17,7 +17,6 @@ import asyncio
 import datetime
 import json
 import os
-from pathlib import Path
 import platform
 import random
 import sys

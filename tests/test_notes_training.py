@@ -176,6 +176,10 @@ def test_prose_facts_keep_the_asked_fact_and_plant_look_alikes(prose_task):
             others = [ln for ln in s.context.replace(". ", ".\n").splitlines()
                       if ln.strip() and ln.strip() not in evidence[0] and s.answers[0] not in ln]
             assert others
+            facts = s.meta["distractor_facts"]
+            assert len(facts) == s.meta["distractors"]
+            assert all(f in s.context for f in facts)  # planted in the document ...
+            assert not set(facts) & set(evidence)  # ... and never kept by the oracle notes
     assert shapes == {"prose-attr", "prose-role", "prose-extreme"} and with_distractors >= 15
 
 

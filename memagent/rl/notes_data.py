@@ -29,7 +29,7 @@ from ..tasks import data as corpora
 from ..tasks.data import split_of
 from ..tokenizer import Tokenizer
 from .data import Sample, _filler_sentence
-from .notes_prose import prose_fact
+from .notes_prose import _cap, prose_fact
 
 RULER_NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 FACTS = (  # {t}: the value's kind, singular; {T}: plural
@@ -168,7 +168,7 @@ class NotesTask:
             while True:
                 k = _key(kinds[0], rng)
                 if k not in avoid:
-                    yield fact_fmt.format(k=k, K=k[0].upper() + k[1:], v=_value(kinds[1], rng)), "\n"
+                    yield fact_fmt.format(k=k, K=_cap(k), v=_value(kinds[1], rng)), "\n"
         else:  # squad / hotpot paragraphs, sentence by sentence, a blank line between paragraphs
             paras = self._pool(kind)
             while True:
@@ -247,9 +247,8 @@ class NotesTask:
             k = _near_key(key_kind, key, rng) if rng.random() < 0.3 else _key(key_kind, rng)
             if k != key:
                 dis_keys.add(k)
-        cap = lambda k: k[0].upper() + k[1:]  # noqa: E731
-        gold = [fmt.format(k=key, K=cap(key), v=v) for v in values]
-        distract = [fmt.format(k=k, K=cap(k), v=_value(val_kind, rng)) for k in sorted(dis_keys)]
+        gold = [fmt.format(k=key, K=_cap(key), v=v) for v in values]
+        distract = [fmt.format(k=k, K=_cap(k), v=_value(val_kind, rng)) for k in sorted(dis_keys)]
         hay = rng.choice(("essay", "essay", "noise", "needle", "needle", "squad", "hotpot"))
         filler = self._filler(hay, rng, fmt, (key_kind, val_kind), dis_keys | {key})
         chunks, ev_sents = self._layout(rng, n_chunks, filler, gold + distract)
@@ -258,7 +257,7 @@ class NotesTask:
         if n_vals > 1:
             q = rng.choice((QUESTIONS[1], "List every {t} given for {k}.", "What are the {T} for {k}?"))
         question = (rng.choice(PREAMBLES) + q).replace("{t}", t).replace("{T}", T)
-        question = question.replace("{K}", cap(key)).replace("{k}", key)
+        question = question.replace("{K}", _cap(key)).replace("{k}", key)
         return Sample(id=f"notes-{self.seed}-{index}", question=question, answers=tuple(values), chunks=tuple(chunks),
                       meta={"evidence": evidence, "haystack": hay, "distractors": n_dis, "kind": "needle",
                             "key": key, "distractor_keys": sorted(dis_keys)})

@@ -13,7 +13,7 @@ skill (keep the asked fact, drop look-alike facts about other things) is drawn i
 
 Held out on purpose (never drawn here): the planted-fact benchmark's attribute ("access code"), and the
 demo document's measure (barometer) and role (keeper): tests/test_notes_training.py checks that no
-training sample mentions them, so the demo and the planted-fact cells stay measurements of transfer.
+fact wording, question or evidence drawn here mentions them (the haystack text is not filtered), so the demo and the planted-fact cells stay measurements of transfer.
 """
 from __future__ import annotations
 
@@ -180,6 +180,8 @@ def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
     filler = task._filler(hay, rng, "", ("words", "numbers"), set())
     chunks, ev_sents = task._layout(rng, n_chunks, filler, gold + distract)
     evidence = [[e for e in per if e in gold] for per in ev_sents]
+    placed = {e for per in ev_sents for e in per}
+    distract = [d for d in distract if d in placed]  # _pack may cut a unit placed past the last chunk
     return Sample(id=f"notes-{task.seed}-{index}", question=question, answers=answers, chunks=tuple(chunks),
                   meta={"evidence": evidence, "haystack": hay, "distractors": len(distract), "kind": f"prose-{shape}",
-                        "key": question})
+                        "distractor_facts": distract})
