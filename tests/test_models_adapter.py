@@ -56,10 +56,32 @@ def test_a_tampered_adapter_is_refused(tiny_adapter, tmp_path, monkeypatch):
         models.hf_dir(spec.name)
 
 
-def test_shipped_trained_model_is_pinned():
-    spec = models.MODELS.get("memagent-notes-135m")
+@pytest.mark.parametrize("name,base", [("memagent-notes-135m", "smollm2-135m"),
+                                       ("memagent-notes-0.5b", "qwen2.5-coder-0.5b")])
+def test_shipped_trained_model_is_pinned(name, base):
+    spec = models.MODELS.get(name)
     if spec is None:
         pytest.skip("no trained adapter in this checkout")
-    assert spec.base == "smollm2-135m" and spec.adapter_sha256 and len(spec.adapter_sha256) == 64
-    assert models.verify_adapter(spec).is_file()
-    assert "Multi-Conv DAPO" in models.card_text(spec)
+    assert spec.base == base and spec.adapter_sha256 and len(spec.adapter_sha256) == 64
+    assert models.verify_adapter(spec).is_file()  # the shipped file matches its pin
+    card = models.card_text(spec)
+    assert "Multi-Conv DAPO" in card and "## Stages" in card and "## Measured" in card
+
+
+def test_trained_models_register_only_when_shipped_and_pinned(monkeypatch):
+    """A trained model appears in the registry only when its adapter file ships and its sha256 is pinned,
+    and it inherits its base's packages, checksum and reading defaults."""
+    monkeypatch.setattr(models, "MODELS", dict(models.MODELS))
+    for name in [n for n, *_ in models.TRAINED]:
+        models.MODELS.pop(name, None)
+    monkeypatch.setattr(models, "TRAINED", (
+        ("t-missing", "smollm2-135m", "no-such-folder", "0" * 64, "files not shipped"),
+        ("t-unpinned", "smollm2-135m", "notes-135m", None, "no pin"),
+        ("t-ok", "qwen2.5-coder-0.5b", "notes-135m", "1" * 64, "shipped and pinned"),
+    ))
+    models._register_trained()
+    assert "t-missing" not in models.MODELS and "t-unpinned" not in models.MODELS
+    spec, base = models.MODELS["t-ok"], models.MODELS["qwen2.5-coder-0.5b"]
+    assert spec.base == base.name and spec.sha256 == base.sha256 and spec.packages == base.packages
+    assert (spec.chunk_tokens, spec.memory_tokens, spec.default_template) == (512, 64, "notes")
+    assert spec.adapter == "adapters/notes-135m" and spec.adapter_sha256 == "1" * 64

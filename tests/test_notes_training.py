@@ -138,6 +138,31 @@ def test_sft_command_trains_saves_and_resumes_on_the_real_model(tmp_path, capsys
     assert main(["sft", "--config", str(cfg), "--task", "kv"]) == 2  # sft needs the notes task's evidence
 
 
+def test_sft_response_logits_equal_the_full_forward_slice(tmp_path):
+    """The SFT step sends only the response positions through the LM head; those logits must be exactly the
+    ones a full-length forward gives at the positions that predict the response (off by one would train
+    the model to copy its input instead)."""
+    import torch
+
+    from memagent.rl.config import load_config
+    from memagent.rl.sft import SFTRun
+
+    cfg = tmp_path / "sft.toml"
+    cfg.write_text('model = "smollm2-135m"\nuse_peft = true\nlora_r = 4\nlora_alpha = 8\nlora_last_layers = 1\n'
+                   'task = "notes"\ntemplate = "notes"\nnum_chunks = 1\nchunk_tokens = 64\nmemory_tokens = 64\n'
+                   f'answer_tokens = 32\nsft_conversations_per_step = 1\ntorch_threads = 1\nprogress = false\n'
+                   f'output_dir = "{tmp_path / "run"}"\n')
+    run = SFTRun(load_config(str(cfg), {}))
+    run.model.eval()
+    prompt, resp = run.batch()[0]
+    with torch.no_grad():
+        kept = run.response_logits(prompt, resp)
+        full = run.model(input_ids=torch.tensor([prompt + resp])).logits[0]
+    assert kept.shape == (len(resp), full.shape[-1])
+    torch.testing.assert_close(kept, full[len(prompt) - 1:-1], rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(kept, full[len(prompt):], atol=1e-2)  # the test can tell a shifted slice
+
+
 def test_first_token_weight_matches_hand_computed_loss():
     """Two-word vocabulary, uniform logits except the first position: the weighted loss by hand."""
     import math

@@ -133,6 +133,12 @@ class SFTRun:
                      conversations(sample, self.reader, self.template.empty_memory, rng)]
         return rows
 
+    def response_logits(self, prompt: list[int], resp: list[int]):
+        """Logits that predict each response token. Only those positions go through the LM head: with a
+        150K-token vocabulary (Qwen) a full-length head would cost more than the whole LoRA backward."""
+        ids = self.torch.tensor([prompt + resp[:-1]], device=self.device)
+        return self.model(input_ids=ids, logits_to_keep=len(resp)).logits[0]
+
     def train_step(self) -> dict:
         torch = self.torch
         t0 = time.time()
@@ -144,9 +150,8 @@ class SFTRun:
         self.optimizer.zero_grad(set_to_none=True)
         total, correct, first_correct = 0.0, 0, 0
         for prompt, resp in rows:  # one row per forward: no padding on a CPU
-            ids = torch.tensor([prompt + resp], device=self.device)
-            logits = self.model(input_ids=ids[:, :-1]).logits[0, len(prompt) - 1:]
-            target = ids[0, len(prompt):]
+            logits = self.response_logits(prompt, resp)
+            target = torch.tensor(resp, device=self.device)
             loss, per_token = response_loss(logits, target, w_first, norm)
             loss.backward()
             total += float(per_token.detach().sum())
