@@ -14,7 +14,6 @@ for a needle with several).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -36,6 +35,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
+    from rich.progress import Progress
+
     from memagent import MemoryAgent, models
     from memagent.backends import make_backend
     from memagent.rl.notes_data import NotesTask
@@ -50,16 +51,11 @@ def main(argv=None) -> int:
     agent = MemoryAgent(make_backend("embedded", model=args.model), tokenizer, template="notes", chunk_tokens=512,
                         memory_tokens=64, answer_tokens=48)
 
-    async def read_all():
-        sem = asyncio.Semaphore(args.concurrency)
-
-        async def one(s):
-            async with sem:
-                return (await agent.aread(s.context, [s.question]))[0]
-        return await asyncio.gather(*(one(s) for s in samples))
-
     t0 = time.perf_counter()
-    answers = asyncio.run(read_all())
+    with Progress() as bar:
+        task_id = bar.add_task(f"{args.kind} documents", total=len(samples))
+        answers = [a[0] for a in agent.ask_many([(s.context, [s.question]) for s in samples], args.concurrency,
+                                                done=lambda: bar.advance(task_id))]
     secs = time.perf_counter() - t0
     rows = []
     for s, a in zip(samples, answers):

@@ -13,7 +13,6 @@ prompt wording is compared; `--split test` (second half, other facts) is what th
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime
 import json
 import os
@@ -61,18 +60,6 @@ def make_docs(tokenizer, n_chunks: int, chunk_tokens: int, n_docs: int, split: s
     return docs
 
 
-async def run_split(agent, docs, concurrency: int, progress):
-    sem = asyncio.Semaphore(concurrency)
-
-    async def one(d):
-        async with sem:
-            a = (await agent.aread(d["doc"], [d["question"]]))[0]
-            progress()
-            return a
-
-    return await asyncio.gather(*(one(d) for d in docs))
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--split", choices=["tune", "test"], default="test")
@@ -117,7 +104,8 @@ def main(argv=None) -> int:
             for n in chunk_counts:
                 docs = make_docs(tokenizer, n, chunk_tokens, n_docs, args.split)
                 t = time.perf_counter()
-                answers = asyncio.run(run_split(agent, docs, args.concurrency, lambda: bar.advance(task)))
+                answers = [a[0] for a in agent.ask_many([(d["doc"], [d["question"]]) for d in docs], args.concurrency,
+                                                         done=lambda: bar.advance(task))]
                 secs = time.perf_counter() - t
                 rows = [{"depth": d["depth"], "gold": d["answer"], "answer": a.answer, "chunks": a.chunks,
                          "correct": bool(a.answer and d["answer"] in a.answer), "in_memory": d["answer"] in a.memory,

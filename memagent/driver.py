@@ -241,16 +241,21 @@ class MemoryAgent:
     def ask_questions(self, doc, questions: list[str], **kw) -> list[Answer]:
         return _run_sync(self.aread(doc, questions, **kw))
 
-    def ask_many(self, items: list[tuple[object, list[str]]], concurrency: int = 16) -> list[list[Answer]]:
-        """Several (document, questions) pairs read concurrently, answers in input order."""
-        return _run_sync(self.aread_many(items, concurrency))
+    def ask_many(self, items: list[tuple[object, list[str]]], concurrency: int = 16,
+                 done: Callable[[], None] | None = None) -> list[list[Answer]]:
+        """Several (document, questions) pairs read concurrently, answers in input order; `done()` is called
+        as each document finishes (a progress bar's advance)."""
+        return _run_sync(self.aread_many(items, concurrency, done))
 
-    async def aread_many(self, items, concurrency: int = 16) -> list[list[Answer]]:
+    async def aread_many(self, items, concurrency: int = 16, done: Callable[[], None] | None = None) -> list[list[Answer]]:
         sem = asyncio.Semaphore(max(1, concurrency))
 
         async def one(doc, qs):
             async with sem:
-                return await self.aread(doc, qs)
+                answers = await self.aread(doc, qs)
+            if done is not None:
+                done()
+            return answers
 
         return await asyncio.gather(*(one(d, qs) for d, qs in items))
 

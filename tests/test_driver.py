@@ -93,9 +93,11 @@ def test_many_documents_concurrently(smol_tokenizer):
     import time
 
     t = time.perf_counter()
-    out = agent.ask_many(items, concurrency=8)
+    finished = []
+    out = agent.ask_many(items, concurrency=8, done=lambda: finished.append(time.perf_counter()))
     dt = time.perf_counter() - t
     assert [o[0].answer for o in out] == [str(i) for i in range(8)]
+    assert len(finished) == 8  # the progress hook fires once per document
     calls_per_doc = out[0][0].calls
     assert dt < 0.01 * calls_per_doc * 8 * 0.6  # ran concurrently, not one document after another
 
