@@ -133,7 +133,9 @@ def collect(command: str) -> dict:
                       "weighted 4x) merged into runs/notes-135m-v2, measured and not shipped; qwen2.5-coder-0.5b: "
                       "the untrained 0.5B base; notes-qwen0.5b: the shipped memagent-notes-0.5b adapter "
                       "(configs/notes-qwen0.5b-sft.toml) merged into runs/notes-qwen0.5b (the 0.5B cells cut "
-                      "the same seeds' documents with Qwen's tokenizer); demo: the README "
+                      "the same seeds' documents with Qwen's tokenizer); notes-qwen0.5b-v2: a candidate stage 2 on "
+                      "the 0.5B (configs/notes-qwen0.5b-sft2.toml, from the shipped adapter) merged into "
+                      "runs/notes-qwen0.5b-v2, measured and not shipped; demo: the README "
                       "demo's two questions (accuracy over the 2), asked in one read",
               "commands": commands, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "rows": rows}

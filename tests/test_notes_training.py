@@ -208,6 +208,22 @@ def test_prose_facts_keep_the_asked_fact_and_plant_look_alikes(prose_task):
     assert shapes == {"prose-attr", "prose-role", "prose-extreme"} and with_distractors >= 15
 
 
+def test_value_a_sentence_away_is_kept_with_the_sentence_naming_the_key(prose_task):
+    """Wordings that name the thing in one sentence and give its value in the next travel as one unit,
+    so the oracle note holds both: a note with only the first sentence would have lost the answer."""
+    from memagent.rl.notes_data import oracle_memories
+
+    split = 0
+    for i in range(200):
+        s = prose_task.sample(i)
+        gold = [e for per in s.meta["evidence"] for e in per][0]
+        first, sep, rest = gold.partition(". ")
+        if sep and s.answers[0] not in first and s.answers[0] in rest:
+            split += 1
+            assert gold in oracle_memories(s, "(none)")[-1]  # the whole two-sentence unit, not the first half
+    assert split >= 10
+
+
 def test_prose_facts_never_use_the_held_out_wordings(prose_task):
     """The demo document's measure and role and the planted-fact benchmark's attribute stay out of the
     training facts and questions, so those cells measure transfer."""

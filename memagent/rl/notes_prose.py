@@ -6,7 +6,9 @@ shape and to drop everything else, including a fact a person wrote in a diary or
 skill (keep the asked fact, drop look-alike facts about other things) is drawn in prose shapes:
 * an attribute of a thing ("the combination of the dented trunk"), a person named in a role, and a
   stated extreme in a record ("the highest tide in the harbour book");
-* one- and two-sentence wordings, the value at the start, middle or end of the sentence;
+* one- and two-sentence wordings, the value at the start, middle or end of the sentence, and wordings
+  that name the thing in one sentence and give its value only in the next (a note that keeps the first
+  sentence alone has lost the answer);
 * distractors that share the attribute (other things), the thing (other attributes), the role (other
   roles) or the measure (other readings that are not the extreme);
 * questions phrased several ways.
@@ -52,6 +54,10 @@ ATTR_FACTS = (
     "In the end the {a} of {e} proved to be {v}, not what the label said.",
     "{v} - that is the {a} of {e}, as the clerk confirmed.",
     "My sister reminded me that {e} carries the {a} {v}.",
+    # the thing named in one sentence, its value in the next (the value is a sentence away from the key)
+    "{E} turned up at the back of the shed. Its {a}, painted on the side, was {v}.",
+    "Nobody had looked at {e} for years. When we finally did, the {a} on it read {v}.",
+    "Then we came to {e}. I wrote its {a} on my cuff: {v}.",
 )
 ATTR_QUESTIONS = (
     "What is the {a} of {e}?",
@@ -72,6 +78,9 @@ ROLE_FACTS = (
     "Everyone agrees that the best {r} the town ever had was {n}.",
     "A letter came today: the post of {r} goes to {n}.",
     "The {r} - a quiet person named {n} - keeps to the back room.",
+    "We will have a new {r} from the spring. Her name is {n}, and she comes well recommended.",
+    "The old {r} retired last winter. The replacement, {n}, has settled in well.",
+    "A {r} joins us after the holidays. They say he is called {n}, a cousin of the baker.",
 )
 ROLE_QUESTIONS = ("What is the name of the {r}?", "Who is the {r}?", "Who was named {r}?",
                   "Which person is the {r}?")
@@ -85,6 +94,8 @@ EXTREME_FACTS = (
     "Of every {m} in {rec}, the {x} was {v}, underlined twice.",
     "{rec_cap} gives {v} as the {x} {m} it ever held.",
     "The {x} {m} ever written into {rec}, in blue pencil, is {v}.",
+    "One entry in {rec} stands out from the rest. It is the {x} {m} there: {v}.",
+    "We went through {rec} page by page. The {x} {m} it holds turned out to be {v}.",
 )
 READING = ("On a {day} the {m} was {v}.", "A {m} of {v} was noted one {day}.", "{rec_cap} shows a {m} of {v}.")
 EXTREME_QUESTIONS = ("What is the {x} {m} in {rec}?", "What was the {x} {m} recorded in {rec}?",
