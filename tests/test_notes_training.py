@@ -224,6 +224,32 @@ def test_value_a_sentence_away_is_kept_with_the_sentence_naming_the_key(prose_ta
     assert split >= 10
 
 
+def test_prose_noise_sets_prose_facts_in_ruler_noise_and_leaves_the_default_documents_alone(smol_tokenizer,
+                                                                                            prose_task):
+    """prose_noise puts prose facts among RULER's noise sentences, which the oracle notes never keep; at 0
+    it draws nothing, so the documents of a seed (the held-out prose check's among them) do not change."""
+    from memagent.rl.notes_data import RULER_NOISE, oracle_memories
+
+    noisy = NotesTask(smol_tokenizer, chunk_tokens=256, max_chunks=4, memory_tokens=64, seed=5, qa_share=0.0,
+                      prose_share=1.0, prose_noise=1.0)
+    own = 0
+    for i in range(12):
+        s = noisy.sample(i)
+        assert s.meta["haystack"] == "noise" and s.meta["kind"].startswith("prose-")
+        own += RULER_NOISE not in s.context
+        gold = [e for per in s.meta["evidence"] for e in per][0]
+        notes = oracle_memories(s, "(none)")
+        assert "The grass is green." not in notes[-1] and gold in notes[-1]
+    assert 0 < own < 12  # RULER's own noise sentences or the generator's, half and half
+    assert {prose_task.sample(i).meta["haystack"] for i in range(40)} <= {"essay", "squad", "hotpot"}
+    # Pinned: these changing means the held-out prose documents changed too, and every model's held-out
+    # prose row must be measured again (docs/notes-model.md).
+    assert [(prose_task.sample(i).question, prose_task.sample(i).answers) for i in range(3)] == [
+        ("Who was named station clerk?", ("Pavel Ingram",)),
+        ("What is the locker number of the stroke in Saltcombe?", ("747",)),
+        ("What is the smallest attendance in the season's register?", ("844 people",))]
+
+
 def test_prose_facts_never_use_the_held_out_wordings(prose_task):
     """The demo document's measure and role and the planted-fact benchmark's attribute stay out of the
     training facts and questions, so those cells measure transfer."""
@@ -255,6 +281,8 @@ def test_notes_shares_and_first_token_weight_are_validated():
         TrainConfig(task="notes", notes_qa_share=0.7, notes_prose_share=0.5)
     with pytest.raises(ConfigError, match="sft_first_token_weight"):
         TrainConfig(task="notes", sft_first_token_weight=0.0)
+    with pytest.raises(ConfigError, match="notes_prose_noise"):
+        TrainConfig(task="notes", notes_prose_noise=1.5)
     assert TrainConfig(task="notes", notes_qa_share=0.25, notes_prose_share=0.35).notes_prose_share == 0.35
 
 

@@ -55,6 +55,7 @@ class TrainConfig:
     num_distractors: int = 2  # other key->value facts planted in the document (kv task)
     notes_qa_share: float = 0.25  # task notes: share of document-QA samples (SQuAD/HotpotQA train halves)
     notes_prose_share: float = 0.0  # task notes: share of facts told in prose (rl/notes_prose.py); rest: needles
+    notes_prose_noise: float = 0.0  # task notes: share of prose facts set in RULER's repeated noise sentences
     kv_values: str = "number"  # kv task values: number (4 digits, "access code") | word ("password")
     memory_tokens: int = 64  # cap of every memory update (max_completion_length of update turns)
     answer_tokens: int = 24  # cap of the final answer turn
@@ -139,6 +140,8 @@ class TrainConfig:
         if not (0 <= self.notes_qa_share and 0 <= self.notes_prose_share
                 and self.notes_qa_share + self.notes_prose_share <= 1):
             raise ConfigError("notes_qa_share and notes_prose_share must be >= 0 and sum to at most 1")
+        if not 0 <= self.notes_prose_noise <= 1:
+            raise ConfigError(f"notes_prose_noise must be in [0, 1], got {self.notes_prose_noise}")
         if self.sft_first_token_weight <= 0:
             raise ConfigError(f"sft_first_token_weight must be positive, got {self.sft_first_token_weight}")
         if self.beta < 0:

@@ -115,9 +115,10 @@ class NotesTask:
     name = "notes"
 
     def __init__(self, tokenizer: Tokenizer, chunk_tokens: int = 512, max_chunks: int = 8, memory_tokens: int = 64,
-                 seed: int = 0, min_chunks: int = 1, qa_share: float = 0.25, prose_share: float = 0.0):
+                 seed: int = 0, min_chunks: int = 1, qa_share: float = 0.25, prose_share: float = 0.0,
+                 prose_noise: float = 0.0):
         self.tok, self.chunk_tokens, self.max_chunks = tokenizer, chunk_tokens, max_chunks
-        self.prose_share = prose_share
+        self.prose_share, self.prose_noise = prose_share, prose_noise
         self.min_chunks, self.memory_tokens, self.seed, self.qa_share = min_chunks, memory_tokens, seed, qa_share
         self._pools: dict = {}
 

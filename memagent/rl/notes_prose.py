@@ -187,7 +187,13 @@ def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
 
     shape = rng.choice(("attr", "attr", "role", "extreme"))
     gold, distract, question, answers = {"attr": _attr, "role": _role, "extreme": _extreme}[shape](rng)
-    hay = rng.choice(("essay", "essay", "squad", "hotpot"))
+    # Why noise haystacks are opt-in here: a model that only ever met "The grass is green." around needles
+    # learned to keep any short "The X is Y" sentence (docs/notes-model.md, stage 2). At 0 no random number
+    # is drawn, so the held-out prose documents (benchmarks/notes_heldout.py) stay the same documents.
+    if task.prose_noise and rng.random() < task.prose_noise:
+        hay = "noise"
+    else:
+        hay = rng.choice(("essay", "essay", "squad", "hotpot"))
     filler = task._filler(hay, rng, "", ("words", "numbers"), set())
     chunks, ev_sents = task._layout(rng, n_chunks, filler, gold + distract)
     evidence = [[e for e in per if e in gold] for per in ev_sents]
