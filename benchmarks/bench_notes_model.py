@@ -135,7 +135,9 @@ def collect(command: str) -> dict:
                       "(configs/notes-qwen0.5b-sft.toml) merged into runs/notes-qwen0.5b (the 0.5B cells cut "
                       "the same seeds' documents with Qwen's tokenizer); notes-qwen0.5b-v2: a candidate stage 2 on "
                       "the 0.5B (configs/notes-qwen0.5b-sft2.toml, from the shipped adapter) merged into "
-                      "runs/notes-qwen0.5b-v2, measured and not shipped; demo: the README "
+                      "runs/notes-qwen0.5b-v2, measured and not shipped; notes-qwen0.5b-v3: a candidate stage 3 "
+                      "(configs/notes-qwen0.5b-sft3.toml, from stage 2, prose facts in RULER noise too) merged "
+                      "into runs/notes-qwen0.5b-v3, measured and not shipped; demo: the README "
                       "demo's two questions (accuracy over the 2), asked in one read",
               "commands": commands, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "rows": rows}
