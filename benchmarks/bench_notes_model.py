@@ -43,9 +43,12 @@ DEMO = {"What is the lowest barometer reading recorded in the ledger?": "943 mil
         "What is the name of the relief keeper?": "Agnes Varley"}
 
 
-def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads: int) -> Path:
+def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads: int, engine: str = "torch") -> Path:
     name, _, at = cell.partition("@")
-    folder = RUNS / Path(model).name / gate / cell.replace("@", "-")
+    # llama.cpp runs the Q4 base (+ the adapter as a GGUF LoRA): other weights, so another row and folder
+    key = Path(model).name + ("+llama.cpp" if engine == "llama.cpp" else "")
+    folder = RUNS / key / gate / cell.replace("@", "-")
+    engine_args = ["--engine", engine] if engine != "torch" else []
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if name == "demo":  # the README demo's two questions on memagent/examples/keeper_log.txt (never trained on)
@@ -53,7 +56,7 @@ def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads
         if gate != "off" or (out.is_file() and json.loads(out.read_text())["rc"] == 0):
             return folder  # a failed run is recorded, then retried by the next invocation
         cmd = [sys.executable, "-m", "memagent", "ask", str(ROOT / "memagent" / "examples" / "keeper_log.txt"),
-               *DEMO, "--model", model, "--json", "--threads", str(threads)] + SETTINGS
+               *DEMO, "--model", model, "--json", "--threads", str(threads)] + engine_args + SETTINGS
         print("+", " ".join(cmd), file=sys.stderr, flush=True)
         t0 = time.time()
         proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
@@ -82,7 +85,7 @@ def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads
     else:
         cmd = [sys.executable, "-m", "memagent", "eval", "--task", name, "--lengths", at, "--n", str(n),
                "--model", model, "--concurrency", str(concurrency), "--threads", str(threads),
-               "--skip-update", gate, "--no-plot", "--out", str(folder)] + SETTINGS
+               "--skip-update", gate, "--no-plot", "--out", str(folder)] + engine_args + SETTINGS
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True, env=env, cwd=ROOT)
     return folder
@@ -167,14 +170,18 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=8, help="documents read at once (batched)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--engine", choices=("torch", "llama.cpp"), default="torch",
+                    help="the embedded engine; llama.cpp rows are named MODEL+llama.cpp (registry names only)")
     ap.add_argument("--collect", action="store_true", help="only rebuild the JSON from finished runs")
     args = ap.parse_args(argv)
+    if args.engine != "torch" and any(c.startswith("planted") for c in args.cells.split(",")):
+        ap.error("planted-fact cells run on torch only (benchmarks/planted_fact.py has no --engine)")
     command = "python benchmarks/bench_notes_model.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if not args.collect:
         for cell in args.cells.split(","):
             for gate in args.gates.split(","):
                 for model in args.models.split(","):
-                    run_cell(model, gate, cell, args.n, args.concurrency, args.threads)
+                    run_cell(model, gate, cell, args.n, args.concurrency, args.threads, args.engine)
                     print_table(collect(command))
     print_table(collect(command))
     return 0

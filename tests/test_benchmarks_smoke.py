@@ -57,3 +57,13 @@ def test_run_all_smoke_prints_table(name):
                            "--fast-tokenizer"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "per-token time long / short" in proc.stdout
+
+
+def test_notes_model_refuses_planted_cells_on_llama_cpp_before_running_anything():
+    """planted_fact.py has no engine switch: a llama.cpp row for it would be a torch number under a
+    llama.cpp name, so the bench refuses the combination up front (argparse's exit 2, a one-line reason)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_notes_model.py"), "--engine", "llama.cpp",
+                           "--models", "memagent-notes-0.5b", "--cells", "niah_single_1@4k,planted@4"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "planted-fact cells run on torch only" in proc.stderr
+    assert "Traceback" not in proc.stderr
