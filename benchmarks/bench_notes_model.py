@@ -12,7 +12,8 @@ benchmarks/results/notes_model.json with the command, date and machine, and prin
 
 A cell is TASK@LENGTH (any `memagent eval tasks` name; lengths as eval reads them, 4k = 4096) or
 planted@CHUNKS, or demo (the README demo's two questions, scored against the answers its document states,
-asked one after the other). The documents are generated from seeds (eval --seed 42, planted-fact's test split):
+asked one after the other). `--engine llama.cpp` runs RULER and demo cells on llama.cpp into rows (and
+folders) named MODEL+llama.cpp, kept apart from the torch rows because the weights differ (Q4 base). The documents are generated from seeds (eval --seed 42, planted-fact's test split):
 none of them is in the training data, whose generator (memagent/rl/notes_data.py) draws other keys,
 values and wordings, and whose SQuAD/HotpotQA questions come from the other half of the articles.
 """
@@ -140,7 +141,9 @@ def collect(command: str) -> dict:
                       "the 0.5B (configs/notes-qwen0.5b-sft2.toml, from the shipped adapter) merged into "
                       "runs/notes-qwen0.5b-v2, measured and not shipped; notes-qwen0.5b-v3: a candidate stage 3 "
                       "(configs/notes-qwen0.5b-sft3.toml, from stage 2, prose facts in RULER noise too) merged "
-                      "into runs/notes-qwen0.5b-v3, measured and not shipped; demo: the README "
+                      "into runs/notes-qwen0.5b-v3, measured and not shipped; MODEL+llama.cpp: the same model on "
+                      "--engine llama.cpp (the Q4 base, an adapter as a GGUF LoRA: other weights than torch's); "
+                      "demo: the README "
                       "demo's two questions (accuracy over the 2), asked in one read",
               "commands": commands, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "rows": rows}
