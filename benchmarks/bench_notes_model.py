@@ -12,8 +12,10 @@ benchmarks/results/notes_model.json with the command, date and machine, and prin
 
 A cell is TASK@LENGTH (any `memagent eval tasks` name; lengths as eval reads them, 4k = 4096) or
 planted@CHUNKS, or demo (the README demo's two questions, scored against the answers its document states,
-asked one after the other). `--engine llama.cpp` runs RULER and demo cells on llama.cpp into rows (and
-folders) named MODEL+llama.cpp, kept apart from the torch rows because the weights differ (Q4 base). The documents are generated from seeds (eval --seed 42, planted-fact's test split):
+asked one after the other). `--engine llama.cpp` runs every cell on llama.cpp into rows (and folders)
+named MODEL+llama.cpp, kept apart from the torch rows because the weights differ (Q4 base); the documents
+are the same. `--chunk-tokens` / `--memory-tokens` other than 512 / 64 (e.g. the issue's 1024 / 128 for
+the untrained 0.5B) name the row MODEL@CHUNK-MEMORY. The documents are generated from seeds (eval --seed 42, planted-fact's test split):
 none of them is in the training data, whose generator (memagent/rl/notes_data.py) draws other keys,
 values and wordings, and whose SQuAD/HotpotQA questions come from the other half of the articles.
 """
@@ -36,7 +38,18 @@ OUT = ROOT / "benchmarks" / "results" / "notes_model.json"
 
 
 # The embedded defaults, spelled out: a model given as a folder would otherwise get the server defaults.
-SETTINGS = ["--template", "notes", "--chunk-tokens", "512", "--memory-tokens", "64"]
+CHUNK, MEMORY = 512, 64
+
+
+def settings(chunk: int, memory: int) -> list[str]:
+    return ["--template", "notes", "--chunk-tokens", str(chunk), "--memory-tokens", str(memory)]
+
+
+def row_key(model: str, engine: str, chunk: int = CHUNK, memory: int = MEMORY) -> str:
+    """The row (and folder) name: other weights (llama.cpp's Q4) or other read settings are another row,
+    never mixed into the default one."""
+    key = Path(model).name + ("+llama.cpp" if engine == "llama.cpp" else "")
+    return key + (f"@{chunk}-{memory}" if (chunk, memory) != (CHUNK, MEMORY) else "")
 
 
 # The demo's questions and the answers its document states ("... is 943 millibars", "her name is Agnes Varley").
@@ -44,11 +57,11 @@ DEMO = {"What is the lowest barometer reading recorded in the ledger?": "943 mil
         "What is the name of the relief keeper?": "Agnes Varley"}
 
 
-def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads: int, engine: str = "torch") -> Path:
+def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads: int, engine: str = "torch",
+             chunk: int = CHUNK, memory: int = MEMORY) -> Path:
     name, _, at = cell.partition("@")
-    # llama.cpp runs the Q4 base (+ the adapter as a GGUF LoRA): other weights, so another row and folder
-    key = Path(model).name + ("+llama.cpp" if engine == "llama.cpp" else "")
-    folder = RUNS / key / gate / cell.replace("@", "-")
+    folder = RUNS / row_key(model, engine, chunk, memory) / gate / cell.replace("@", "-")
+    read_args = settings(chunk, memory)
     engine_args = ["--engine", engine] if engine != "torch" else []
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
@@ -57,7 +70,7 @@ def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads
         if gate != "off" or (out.is_file() and json.loads(out.read_text())["rc"] == 0):
             return folder  # a failed run is recorded, then retried by the next invocation
         cmd = [sys.executable, "-m", "memagent", "ask", str(ROOT / "memagent" / "examples" / "keeper_log.txt"),
-               *DEMO, "--model", model, "--json", "--threads", str(threads)] + engine_args + SETTINGS
+               *DEMO, "--model", model, "--json", "--threads", str(threads)] + engine_args + read_args
         print("+", " ".join(cmd), file=sys.stderr, flush=True)
         t0 = time.time()
         proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
@@ -82,11 +95,12 @@ def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads
             return folder
         cmd = [sys.executable, str(ROOT / "benchmarks" / "planted_fact.py"), "--split", "test", "--chunks", at,
                "--docs", str(n), "--model", model, "--concurrency", str(concurrency), "--out", str(out),
-               "--templates", "notes", "--chunk-tokens", "512", "--memory-tokens", "64"]
+               "--threads", str(threads), "--templates", "notes", "--chunk-tokens", str(chunk),
+               "--memory-tokens", str(memory)] + engine_args
     else:
         cmd = [sys.executable, "-m", "memagent", "eval", "--task", name, "--lengths", at, "--n", str(n),
                "--model", model, "--concurrency", str(concurrency), "--threads", str(threads),
-               "--skip-update", gate, "--no-plot", "--out", str(folder)] + engine_args + SETTINGS
+               "--skip-update", gate, "--no-plot", "--out", str(folder)] + engine_args + read_args
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True, env=env, cwd=ROOT)
     return folder
@@ -143,6 +157,7 @@ def collect(command: str) -> dict:
                       "(configs/notes-qwen0.5b-sft3.toml, from stage 2, prose facts in RULER noise too) merged "
                       "into runs/notes-qwen0.5b-v3, measured and not shipped; MODEL+llama.cpp: the same model on "
                       "--engine llama.cpp (the Q4 base, an adapter as a GGUF LoRA: other weights than torch's); "
+                      "MODEL@CHUNK-MEMORY: read with those chunk / memory tokens instead of 512 / 64; "
                       "demo: the README "
                       "demo's two questions (accuracy over the 2), asked in one read",
               "commands": commands, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
@@ -175,16 +190,19 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--engine", choices=("torch", "llama.cpp"), default="torch",
                     help="the embedded engine; llama.cpp rows are named MODEL+llama.cpp (registry names only)")
+    ap.add_argument("--chunk-tokens", type=int, default=CHUNK, help="another value names the row MODEL@CHUNK-MEMORY")
+    ap.add_argument("--memory-tokens", type=int, default=MEMORY)
     ap.add_argument("--collect", action="store_true", help="only rebuild the JSON from finished runs")
     args = ap.parse_args(argv)
-    if args.engine != "torch" and any(c.startswith("planted") for c in args.cells.split(",")):
-        ap.error("planted-fact cells run on torch only (benchmarks/planted_fact.py has no --engine)")
+    if args.engine != "torch" and any(Path(m).is_dir() for m in args.models.split(",")):
+        ap.error("--engine llama.cpp reads registered models (a GGUF); an HF folder runs on --engine torch")
     command = "python benchmarks/bench_notes_model.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if not args.collect:
         for cell in args.cells.split(","):
             for gate in args.gates.split(","):
                 for model in args.models.split(","):
-                    run_cell(model, gate, cell, args.n, args.concurrency, args.threads, args.engine)
+                    run_cell(model, gate, cell, args.n, args.concurrency, args.threads, args.engine,
+                             args.chunk_tokens, args.memory_tokens)
                     print_table(collect(command))
     print_table(collect(command))
     return 0

@@ -9,6 +9,11 @@ Two disjoint splits keep us honest: `--split tune` (first half of the essays, it
 prompt wording is compared; `--split test` (second half, other facts) is what the README quotes.
 
     python benchmarks/planted_fact.py --split test --chunks 1,4,16 --docs 10
+    python benchmarks/planted_fact.py --model memagent-notes-0.5b --engine llama.cpp --chunks 16,64
+
+`--engine llama.cpp` reads with the Q4 GGUF (a registered model's adapter as a GGUF LoRA): other weights
+than torch's, so its results say which engine they came from. The documents depend only on the tokenizer,
+the split and the chunk count, so both engines read the same ones.
 """
 from __future__ import annotations
 
@@ -70,30 +75,46 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-tokens", type=int, default=None)
     ap.add_argument("--memory-tokens", type=int, default=None)
     ap.add_argument("--concurrency", type=int, default=8, help="documents read at once (batched by the backend)")
+    ap.add_argument("--engine", choices=("torch", "llama.cpp"), default="torch",
+                    help="the embedded engine (llama.cpp: registered model names only)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/planted_fact_<split>.json)")
     ap.add_argument("--smoke", action="store_true", help="seconds-long check with the scripted backend")
     args = ap.parse_args(argv)
+    if args.engine == "llama.cpp" and Path(args.model).is_dir():
+        ap.error("--engine llama.cpp reads registered models (a GGUF); an HF folder runs on --engine torch")
 
     from rich.progress import Progress
 
     from memagent import MemoryAgent, models
     from memagent.backends import make_backend
-    from memagent.tokenizer import HFTokenizer
+    from memagent.protocol import BackendError
+    from memagent.tokenizer import HFTokenizer, TokenizerError
 
     # An HF folder (e.g. a merged adapter under runs/) has no registry entry: the defaults it gets are the
     # embedded default model's, and --templates / --chunk-tokens / --memory-tokens override them.
     spec = models.get_spec(models.DEFAULT_MODEL if Path(args.model).is_dir() else args.model)
     chunk_tokens = args.chunk_tokens or spec.chunk_tokens
     memory_tokens = args.memory_tokens or spec.memory_tokens
-    tokenizer = HFTokenizer.from_file(models.tokenizer_path(args.model))
-    backend = make_backend("scripted", keywords=["access code"]) if args.smoke else make_backend("embedded", model=args.model)
+    try:
+        tokenizer = HFTokenizer.from_file(models.tokenizer_path(args.model))
+    except (TokenizerError, models.ModelError) as e:
+        print(f"planted_fact: error: {e}", file=sys.stderr)
+        return 2
+    kw = {"threads": args.threads} if args.threads else {}
+    try:
+        backend = (make_backend("scripted", keywords=["access code"]) if args.smoke
+                   else make_backend("embedded", model=args.model, engine=args.engine, **kw))
+    except BackendError as e:
+        print(f"planted_fact: error: {e}", file=sys.stderr)
+        return 2
     templates = (args.templates or spec.default_template).split(",")
     chunk_counts = [int(x) for x in args.chunks.split(",")]
     n_docs = 2 if args.smoke else args.docs
     results = {"command": "python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])),
                "date": datetime.datetime.now().isoformat(timespec="seconds"),
                "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-               "model": args.model, "backend": backend.name, "split": args.split, "chunk_tokens": chunk_tokens,
+               "model": args.model, "engine": args.engine, "backend": backend.name, "split": args.split, "chunk_tokens": chunk_tokens,
                "memory_tokens": memory_tokens, "metric": "number appears in the extracted answer", "runs": []}
     total = len(templates) * len(chunk_counts) * n_docs
     with Progress() as bar:

@@ -59,11 +59,46 @@ def test_run_all_smoke_prints_table(name):
     assert "per-token time long / short" in proc.stdout
 
 
-def test_notes_model_refuses_planted_cells_on_llama_cpp_before_running_anything():
-    """planted_fact.py has no engine switch: a llama.cpp row for it would be a torch number under a
-    llama.cpp name, so the bench refuses the combination up front (argparse's exit 2, a one-line reason)."""
+def test_notes_model_refuses_an_hf_folder_on_llama_cpp_before_running_anything(tmp_path):
+    """llama.cpp reads a GGUF: a merged adapter folder under runs/ has none, so the bench refuses the
+    combination up front (argparse's exit 2, a one-line reason) instead of failing cells one by one."""
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_notes_model.py"), "--engine", "llama.cpp",
-                           "--models", "memagent-notes-0.5b", "--cells", "niah_single_1@4k,planted@4"],
+                           "--models", f"memagent-notes-0.5b,{tmp_path}", "--cells", "planted@4"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "planted-fact cells run on torch only" in proc.stderr
+    assert proc.returncode == 2 and "an HF folder runs on --engine torch" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_planted_fact_reads_on_llama_cpp_and_says_so(tmp_path):
+    """A real read on the llama.cpp engine (SmolLM2-135M Q4 GGUF, one 1-chunk document): the result names
+    its engine and backend, so a llama.cpp number is never mistaken for a torch one."""
+    pytest.importorskip("xllamacpp")
+    out = tmp_path / "planted.json"
+    run("planted_fact.py", "--engine", "llama.cpp", "--model", "smollm2-135m", "--chunks", "1", "--docs", "1",
+        "--chunk-tokens", "128", "--memory-tokens", "32", "--threads", "2", "--out", str(out), timeout=300)
+    data = json.loads(out.read_text())
+    assert data["engine"] == "llama.cpp" and "llama" in data["backend"].lower()
+    (r,) = data["runs"]
+    assert r["chunks"] == 1 and r["docs"] == 1 and r["samples"][0]["error"] is None
+    assert r["samples"][0]["calls"] == 2  # one memory update, one answer
+
+
+def test_planted_fact_refuses_an_hf_folder_on_llama_cpp(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "planted_fact.py"), "--engine", "llama.cpp",
+                           "--model", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "an HF folder runs on --engine torch" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_notes_model_rows_keep_engines_and_read_settings_apart():
+    """A number read with other weights or other chunk / memory sizes must land in its own row: the default
+    row of a model is 512 / 64 on torch, and only that one."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_notes_model import row_key, settings
+
+    assert row_key("memagent-notes-0.5b", "torch") == "memagent-notes-0.5b"
+    assert row_key("runs/notes-qwen0.5b", "torch", 512, 64) == "notes-qwen0.5b"
+    assert row_key("qwen2.5-coder-0.5b", "llama.cpp") == "qwen2.5-coder-0.5b+llama.cpp"
+    assert row_key("qwen2.5-coder-0.5b", "llama.cpp", 1024, 128) == "qwen2.5-coder-0.5b+llama.cpp@1024-128"
+    assert row_key("smollm2-135m", "torch", 512, 128) == "smollm2-135m@512-128"
+    assert settings(1024, 128) == ["--template", "notes", "--chunk-tokens", "1024", "--memory-tokens", "128"]
