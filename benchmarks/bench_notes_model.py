@@ -15,8 +15,8 @@ planted@CHUNKS, or demo (the README demo's two questions, scored against the ans
 asked one after the other). `--engine llama.cpp` runs every cell on llama.cpp into rows (and folders)
 named MODEL+llama.cpp, kept apart from the torch rows because the weights differ (Q4 base); the documents
 are the same. `--chunk-tokens` / `--memory-tokens` other than 512 / 64 (e.g. the issue's 1024 / 128 for
-the untrained 0.5B) name the row MODEL@CHUNK-MEMORY. The documents are generated from seeds (eval --seed 42, planted-fact's test split):
-none of them is in the training data, whose generator (memagent/rl/notes_data.py) draws other keys,
+the untrained 0.5B) name the row MODEL@CHUNK-MEMORY. The documents are generated from seeds (eval
+--seed 42, planted-fact's test split): none of them is in the training data, whose generator (memagent/rl/notes_data.py) draws other keys,
 values and wordings, and whose SQuAD/HotpotQA questions come from the other half of the articles.
 """
 from __future__ import annotations
@@ -158,8 +158,7 @@ def collect(command: str) -> dict:
                       "into runs/notes-qwen0.5b-v3, measured and not shipped; MODEL+llama.cpp: the same model on "
                       "--engine llama.cpp (the Q4 base, an adapter as a GGUF LoRA: other weights than torch's); "
                       "MODEL@CHUNK-MEMORY: read with those chunk / memory tokens instead of 512 / 64; "
-                      "demo: the README "
-                      "demo's two questions (accuracy over the 2), asked in one read",
+                      "demo: the README demo's two questions (accuracy over the 2), asked in one read",
               "commands": commands, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "rows": rows}
     OUT.write_text(json.dumps(result, indent=1) + "\n")

@@ -96,16 +96,12 @@ def main(argv=None) -> int:
     spec = models.get_spec(models.DEFAULT_MODEL if Path(args.model).is_dir() else args.model)
     chunk_tokens = args.chunk_tokens or spec.chunk_tokens
     memory_tokens = args.memory_tokens or spec.memory_tokens
-    try:
-        tokenizer = HFTokenizer.from_file(models.tokenizer_path(args.model))
-    except (TokenizerError, models.ModelError) as e:
-        print(f"planted_fact: error: {e}", file=sys.stderr)
-        return 2
     kw = {"threads": args.threads} if args.threads else {}
     try:
+        tokenizer = HFTokenizer.from_file(models.tokenizer_path(args.model))
         backend = (make_backend("scripted", keywords=["access code"]) if args.smoke
                    else make_backend("embedded", model=args.model, engine=args.engine, **kw))
-    except BackendError as e:
+    except (TokenizerError, models.ModelError, BackendError) as e:
         print(f"planted_fact: error: {e}", file=sys.stderr)
         return 2
     templates = (args.templates or spec.default_template).split(",")
@@ -114,8 +110,8 @@ def main(argv=None) -> int:
     results = {"command": "python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])),
                "date": datetime.datetime.now().isoformat(timespec="seconds"),
                "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-               "model": args.model, "engine": args.engine, "backend": backend.name, "split": args.split, "chunk_tokens": chunk_tokens,
-               "memory_tokens": memory_tokens, "metric": "number appears in the extracted answer", "runs": []}
+               "model": args.model, "engine": args.engine, "backend": backend.name, "split": args.split,
+               "chunk_tokens": chunk_tokens, "memory_tokens": memory_tokens, "metric": "number appears in the extracted answer", "runs": []}
     total = len(templates) * len(chunk_counts) * n_docs
     with Progress() as bar:
         task = bar.add_task("planted facts", total=total)

@@ -90,10 +90,10 @@ def test_planted_fact_refuses_an_hf_folder_on_llama_cpp(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_notes_model_rows_keep_engines_and_read_settings_apart():
+def test_notes_model_rows_keep_engines_and_read_settings_apart(monkeypatch):
     """A number read with other weights or other chunk / memory sizes must land in its own row: the default
     row of a model is 512 / 64 on torch, and only that one."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     from bench_notes_model import row_key, settings
 
     assert row_key("memagent-notes-0.5b", "torch") == "memagent-notes-0.5b"
