@@ -14,7 +14,8 @@ A cell is TASK@LENGTH (any `memagent eval tasks` name; lengths as eval reads the
 planted@CHUNKS, or demo (the README demo's two questions, scored against the answers its document states,
 asked one after the other). `--engine llama.cpp` runs every cell on llama.cpp into rows (and folders)
 named MODEL+llama.cpp, kept apart from the torch rows because the weights differ (Q4 base); the documents
-are the same. `--chunk-tokens` / `--memory-tokens` other than 512 / 64 (e.g. the issue's 1024 / 128 for
+are the same. `--adapter RUN/final` reads a training run's adapter on an untrained base, into rows named
+MODEL+RUN. `--chunk-tokens` / `--memory-tokens` other than 512 / 64 (e.g. the issue's 1024 / 128 for
 the untrained 0.5B) name the row MODEL@CHUNK-MEMORY. The documents are generated from seeds (eval
 --seed 42, planted-fact's test split): none of them is in the training data, whose generator (memagent/rl/notes_data.py) draws other keys,
 values and wordings, and whose SQuAD/HotpotQA questions come from the other half of the articles.
@@ -45,10 +46,18 @@ def settings(chunk: int, memory: int) -> list[str]:
     return ["--template", "notes", "--chunk-tokens", str(chunk), "--memory-tokens", str(memory)]
 
 
-def row_key(model: str, engine: str, chunk: int = CHUNK, memory: int = MEMORY) -> str:
-    """The row (and folder) name: other weights (llama.cpp's Q4) or other read settings are another row,
-    never mixed into the default one."""
-    key = Path(model).name + ("+llama.cpp" if engine == "llama.cpp" else "")
+def adapter_label(adapter: str | None) -> str:
+    """A training run's adapter is its final/ folder: the run's name says which one it is."""
+    if not adapter:
+        return ""
+    p = Path(adapter)
+    return "+" + (p.parent.name if p.name in ("final", "checkpoint") else p.name)
+
+
+def row_key(model: str, engine: str, chunk: int = CHUNK, memory: int = MEMORY, adapter: str | None = None) -> str:
+    """The row (and folder) name: other weights (llama.cpp's Q4, an adapter) or other read settings are
+    another row, never mixed into the default one."""
+    key = Path(model).name + adapter_label(adapter) + ("+llama.cpp" if engine == "llama.cpp" else "")
     return key + (f"@{chunk}-{memory}" if (chunk, memory) != (CHUNK, MEMORY) else "")
 
 
@@ -58,11 +67,11 @@ DEMO = {"What is the lowest barometer reading recorded in the ledger?": "943 mil
 
 
 def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads: int, engine: str = "torch",
-             chunk: int = CHUNK, memory: int = MEMORY) -> Path:
+             chunk: int = CHUNK, memory: int = MEMORY, adapter: str | None = None) -> Path:
     name, _, at = cell.partition("@")
-    folder = RUNS / row_key(model, engine, chunk, memory) / gate / cell.replace("@", "-")
+    folder = RUNS / row_key(model, engine, chunk, memory, adapter) / gate / cell.replace("@", "-")
     read_args = settings(chunk, memory)
-    engine_args = ["--engine", engine] if engine != "torch" else []
+    engine_args = (["--engine", engine] if engine != "torch" else []) + (["--adapter", adapter] if adapter else [])
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if name == "demo":  # the README demo's two questions on memagent/examples/keeper_log.txt (never trained on)
@@ -149,14 +158,17 @@ def collect(command: str) -> dict:
                       "(the same eval with --models runs/merged-sft), memagent-notes-135m: all three stages (shipped); "
                       "notes-135m-v2: a candidate stage 4 (configs/notes-135m-sft3.toml: prose facts, first token "
                       "weighted 4x) merged into runs/notes-135m-v2, measured and not shipped; qwen2.5-coder-0.5b: "
-                      "the untrained 0.5B base; notes-qwen0.5b: the shipped memagent-notes-0.5b adapter "
-                      "(configs/notes-qwen0.5b-sft.toml) merged into runs/notes-qwen0.5b (the 0.5B cells cut "
+                      "the untrained 0.5B base; notes-qwen0.5b: the stage-1 0.5B adapter "
+                      "(configs/notes-qwen0.5b-sft.toml, the shipped memagent-notes-0.5b) merged into runs/notes-qwen0.5b (the 0.5B cells cut "
                       "the same seeds' documents with Qwen's tokenizer); notes-qwen0.5b-v2: a candidate stage 2 on "
                       "the 0.5B (configs/notes-qwen0.5b-sft2.toml, from the shipped adapter) merged into "
                       "runs/notes-qwen0.5b-v2, measured and not shipped; notes-qwen0.5b-v3: a candidate stage 3 "
                       "(configs/notes-qwen0.5b-sft3.toml, from stage 2, prose facts in RULER noise too) merged "
                       "into runs/notes-qwen0.5b-v3, measured and not shipped; MODEL+llama.cpp: the same model on "
                       "--engine llama.cpp (the Q4 base, an adapter as a GGUF LoRA: other weights than torch's); "
+                      "MODEL+RUN: MODEL with the adapter of runs/RUN/final (--adapter): notes-qwen0.5b-sft is "
+                      "stage 1 (the shipped memagent-notes-0.5b), notes-qwen0.5b-rft is stage 1 + RFT "
+                      "(configs/notes-qwen0.5b-rft.toml), measured and not shipped; "
                       "MODEL@CHUNK-MEMORY: read with those chunk / memory tokens instead of 512 / 64; "
                       "demo: the README demo's two questions (accuracy over the 2), asked in one read",
               "commands": commands, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
@@ -191,6 +203,8 @@ def main(argv=None) -> int:
                     help="the embedded engine; llama.cpp rows are named MODEL+llama.cpp (registry names only)")
     ap.add_argument("--chunk-tokens", type=int, default=CHUNK, help="another value names the row MODEL@CHUNK-MEMORY")
     ap.add_argument("--memory-tokens", type=int, default=MEMORY)
+    ap.add_argument("--adapter", default=None, help="a LoRA adapter folder (a run's final/) applied to every model "
+                                                    "(untrained bases); rows are named MODEL+RUN")
     ap.add_argument("--collect", action="store_true", help="only rebuild the JSON from finished runs")
     args = ap.parse_args(argv)
     if args.engine != "torch" and any(Path(m).is_dir() for m in args.models.split(",")):
@@ -201,7 +215,7 @@ def main(argv=None) -> int:
             for gate in args.gates.split(","):
                 for model in args.models.split(","):
                     run_cell(model, gate, cell, args.n, args.concurrency, args.threads, args.engine,
-                             args.chunk_tokens, args.memory_tokens)
+                             args.chunk_tokens, args.memory_tokens, args.adapter)
                     print_table(collect(command))
     print_table(collect(command))
     return 0

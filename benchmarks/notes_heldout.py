@@ -32,6 +32,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kind", choices=sorted(SHARES), default="prose")
     ap.add_argument("--docs", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--engine", choices=("torch", "llama.cpp"), default="torch")
+    ap.add_argument("--adapter", default=None, help="a LoRA adapter folder (a run's final/) applied to --model")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
@@ -48,8 +50,9 @@ def main(argv=None) -> int:
     task = NotesTask(tokenizer, chunk_tokens=512, max_chunks=3, memory_tokens=64, seed=SEED, qa_share=qa,
                      prose_share=prose)
     samples = [task.sample(i) for i in range(args.docs)]
-    agent = MemoryAgent(make_backend("embedded", model=args.model), tokenizer, template="notes", chunk_tokens=512,
-                        memory_tokens=64, answer_tokens=48)
+    extra = {"adapter": args.adapter} if args.adapter else {}
+    backend = make_backend("embedded", model=args.model, engine=args.engine, **extra)
+    agent = MemoryAgent(backend, tokenizer, template="notes", chunk_tokens=512, memory_tokens=64, answer_tokens=48)
 
     t0 = time.perf_counter()
     with Progress() as bar:
@@ -66,7 +69,8 @@ def main(argv=None) -> int:
                      "error": a.error})
     acc = sum(r["correct"] for r in rows) / max(len(rows), 1)
     result = {"command": "python benchmarks/notes_heldout.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), "model": args.model, "kind": args.kind,
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), "model": args.model,
+              "adapter": args.adapter, "engine": args.engine, "kind": args.kind,
               "seed": SEED, "docs": len(rows), "accuracy": acc, "seconds": round(secs, 1), "samples": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

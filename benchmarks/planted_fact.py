@@ -78,6 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", choices=("torch", "llama.cpp"), default="torch",
                     help="the embedded engine (llama.cpp: registered model names only)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    ap.add_argument("--adapter", default=None, help="a LoRA adapter folder applied to --model (an untrained base)")
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/planted_fact_<split>.json)")
     ap.add_argument("--smoke", action="store_true", help="seconds-long check with the scripted backend")
     args = ap.parse_args(argv)
@@ -97,6 +98,8 @@ def main(argv=None) -> int:
     chunk_tokens = args.chunk_tokens or spec.chunk_tokens
     memory_tokens = args.memory_tokens or spec.memory_tokens
     kw = {"threads": args.threads} if args.threads else {}
+    if args.adapter:
+        kw["adapter"] = args.adapter
     try:
         tokenizer = HFTokenizer.from_file(models.tokenizer_path(args.model))
         backend = (make_backend("scripted", keywords=["access code"]) if args.smoke
@@ -110,7 +113,7 @@ def main(argv=None) -> int:
     results = {"command": "python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])),
                "date": datetime.datetime.now().isoformat(timespec="seconds"),
                "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-               "model": args.model, "engine": args.engine, "backend": backend.name, "split": args.split,
+               "model": args.model, "adapter": args.adapter, "engine": args.engine, "backend": backend.name, "split": args.split,
                "chunk_tokens": chunk_tokens, "memory_tokens": memory_tokens, "metric": "number appears in the extracted answer", "runs": []}
     total = len(templates) * len(chunk_counts) * n_docs
     with Progress() as bar:

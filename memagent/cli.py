@@ -47,6 +47,9 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default=None, choices=["torch", "llama.cpp"],
                    help="embedded: runtime; llama.cpp runs the Q4 GGUF as is via xllamacpp (docs/engines.md) "
                         "(default: torch)")
+    p.add_argument("--adapter", default=None,
+                   help="embedded: a LoRA adapter folder (final/ of memagent sft, rft or train) applied to --model, "
+                        "an untrained base; llama.cpp converts it to a GGUF LoRA once (default: none)")
     p.add_argument("--concurrency", type=int, default=None,
                    help="openai: requests in flight at most (default 64; eval: samples in flight, default 4 "
                         "embedded, 16 openai)")
@@ -92,8 +95,15 @@ def backend_from_args(args):
             raise ValueError("--tokenizer is for server backends; the embedded model always uses its own tokenizer")
         tokenizer = resolve_tokenizer("embedded", name, name if gguf_file else None)
         kw = {"threads": args.threads} if args.threads else {}
+        if getattr(args, "adapter", None):
+            if spec is not None and spec.adapter:
+                raise ValueError(f"{name} already carries its own adapter; give --adapter with its base, "
+                                 f"--model {spec.base or 'BASE'}")
+            kw["adapter"] = args.adapter
         backend = make_backend("embedded", model=name, engine=engine, **kw)
     else:
+        if getattr(args, "adapter", None):
+            raise ValueError("--adapter is for the embedded backend; a server loads its own adapters")
         tokenizer = resolve_tokenizer(args.backend, args.model, args.tokenizer, warn=print)
         kw = {k: getattr(args, k) for k in ("concurrency", "timeout", "max_retries")
               if getattr(args, k, None) is not None and args.backend == "openai"}
@@ -275,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_models)
 
     for mod, name in (("memagent.eval", "eval"), ("memagent.rl.trainer", "train"), ("memagent.rl.sft", "sft"),
+                      ("memagent.rl.rft", "rft"),
                       ("memagent.server.router", "serve")):
         try:
             importlib.import_module(mod).add_parser(sub)

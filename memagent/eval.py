@@ -66,6 +66,8 @@ class EvalConfig:
     context_window: int | None = None  # direct: the model's window
     skip_update: str = "off"  # memagent: the gates of memagent/gates.py
     early_exit: str = "off"
+    adapter: str | None = None  # embedded: a LoRA folder applied to the model (--adapter)
+    adapter_digest: str | None = None  # its weights' sha256: retrained in place is another model
 
     def identity(self) -> dict:
         d = asdict(self)
@@ -76,6 +78,7 @@ class EvalConfig:
             keep["context_window"] = None
             # the gates join the identity only when on, so folders written before they existed still resume
             keep.update({k: d[k] for k in ("skip_update", "early_exit") if d[k] != "off"})
+        keep.update({k: d[k] for k in ("adapter", "adapter_digest") if d[k] is not None})  # likewise
         return keep
 
 
@@ -155,6 +158,15 @@ def served_model(backend, out: Path | None = None) -> str | None:
         return json.loads((out / "summary.json").read_text()).get("served_model") if out else None
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def adapter_digest(folder: str | None) -> str | None:
+    if not folder:
+        return None
+    import hashlib
+
+    weights = Path(folder) / "adapter_model.safetensors"
+    return hashlib.sha256(weights.read_bytes()).hexdigest()[:16] if weights.is_file() else None
 
 
 def write_summary(out: Path, cfg: EvalConfig, wall: float | None = None, backend=None) -> dict:
@@ -476,7 +488,8 @@ def main(args) -> int:
                      temperature=args.temperature,
                      concurrency=args.concurrency or (4 if args.backend == "embedded" else 16),
                      context_window=window if args.method == "direct" else None,
-                     skip_update=args.skip_update, early_exit=args.early_exit)
+                     skip_update=args.skip_update, early_exit=args.early_exit,
+                     adapter=args.adapter, adapter_digest=adapter_digest(args.adapter))
     if args.method == "memagent" and spec is not None:
         from .cli import check_window
         from .driver import MemoryAgent

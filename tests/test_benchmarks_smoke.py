@@ -102,3 +102,7 @@ def test_notes_model_rows_keep_engines_and_read_settings_apart(monkeypatch):
     assert row_key("qwen2.5-coder-0.5b", "llama.cpp", 1024, 128) == "qwen2.5-coder-0.5b+llama.cpp@1024-128"
     assert row_key("smollm2-135m", "torch", 512, 128) == "smollm2-135m@512-128"
     assert settings(1024, 128) == ["--template", "notes", "--chunk-tokens", "1024", "--memory-tokens", "128"]
+    # an adapter read before shipping is named by its run (final/ is every run's folder name)
+    assert row_key("qwen2.5-coder-0.5b", "llama.cpp", adapter="runs/notes-qwen0.5b-rft/final") == \
+        "qwen2.5-coder-0.5b+notes-qwen0.5b-rft+llama.cpp"
+    assert row_key("qwen2.5-coder-0.5b", "torch", adapter="some/adapter-dir") == "qwen2.5-coder-0.5b+adapter-dir"

@@ -85,3 +85,40 @@ def test_trained_models_register_only_when_shipped_and_pinned(monkeypatch):
     assert spec.base == base.name and spec.sha256 == base.sha256 and spec.packages == base.packages
     assert (spec.chunk_tokens, spec.memory_tokens, spec.default_template) == (512, 64, "notes")
     assert spec.adapter == "adapters/notes-135m" and spec.adapter_sha256 == "1" * 64
+
+
+def _ask(*extra):
+    import json
+    import subprocess
+    import sys
+
+    doc = "The night shift began at nine. The access code of the blue locker is 5521. Rain fell until dawn."
+    proc = subprocess.run([sys.executable, "-m", "memagent", "ask", "-", "What is the access code of the blue locker?",
+                           "--json", "--threads", "1", "--chunk-tokens", "64", "--memory-tokens", "32", *extra],
+                          input=doc, capture_output=True, text=True, timeout=600)
+    return proc, [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
+
+
+@pytest.mark.parametrize("engine", ["torch", "llama.cpp"])
+def test_adapter_flag_reads_like_the_registered_trained_model(engine):
+    """`--model BASE --adapter FOLDER` (how a freshly trained stage is read before it is shipped) must be the
+    same weights as the registered model that pins that adapter: same notes, same answer, greedy."""
+    if engine == "llama.cpp":
+        pytest.importorskip("xllamacpp")
+    from memagent.gguf_export import registered_adapter
+
+    folder = str(registered_adapter("memagent-notes-135m"))
+    proc_a, a = _ask("--model", "smollm2-135m", "--adapter", folder, "--engine", engine)
+    proc_b, b = _ask("--model", "memagent-notes-135m", "--engine", engine)
+    assert proc_a.returncode == 0 and proc_b.returncode == 0, proc_a.stderr[-400:] + proc_b.stderr[-400:]
+    assert (a[0]["memory"], a[0]["answer"]) == (b[0]["memory"], b[0]["answer"])
+    _, base = _ask("--model", "smollm2-135m", "--engine", engine)
+    assert base[0]["memory"] != a[0]["memory"]  # the adapter changed what is read (the test can tell)
+
+
+def test_adapter_flag_refuses_a_model_that_has_one_and_a_folder_that_is_not_an_adapter(tmp_path):
+    proc, _ = _ask("--model", "memagent-notes-135m", "--adapter", str(tmp_path))
+    assert proc.returncode == 2 and "already carries its own adapter" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc, _ = _ask("--model", "smollm2-135m", "--adapter", str(tmp_path))
+    assert proc.returncode == 2 and "not a PEFT adapter folder" in proc.stderr and "Traceback" not in proc.stderr

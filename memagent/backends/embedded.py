@@ -33,6 +33,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # Must precede the first `import torch` of the process to take effect. With the default (active
 # spinning) OpenMP waits, two torch threads on a 2-core machine shared with other busy processes ran
@@ -132,8 +133,9 @@ class EmbeddedBackend:
 
     @classmethod
     def load(cls, model: str = "smollm2-135m", threads: int | None = None, max_batch: int = 8,
-             device: str = "cpu", prefix_cache: bool = True, **kw) -> "EmbeddedBackend":
-        """Load a registered model name (converted once to an HF folder) or a path to an HF folder."""
+             device: str = "cpu", prefix_cache: bool = True, adapter: str | None = None, **kw) -> "EmbeddedBackend":
+        """Load a registered model name (converted once to an HF folder) or a path to an HF folder.
+        adapter: a PEFT LoRA folder merged into the weights at load (a trained stage read before shipping)."""
         from .. import models
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -152,8 +154,19 @@ class EmbeddedBackend:
             lm = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
         except (OSError, ValueError) as e:
             raise BackendError(f"cannot load model from {path}: {str(e).splitlines()[0]}") from None
+        if adapter is not None:
+            from ..gguf_export import merge_adapter_torch
+
+            if not (Path(adapter) / "adapter_config.json").is_file():
+                raise BackendError(f"{adapter} is not a PEFT adapter folder (missing adapter_config.json)")
+            try:
+                lm = merge_adapter_torch(lm, adapter)
+            except (OSError, ValueError, RuntimeError, KeyError) as e:
+                raise BackendError(f"cannot apply adapter {adapter}: {str(e).splitlines()[0]}") from None
         lm.eval()
         name = f"embedded:{model if model in models.MODELS else path.name}"
+        if adapter:  # a run's adapter is its final/ folder: name the run
+            name += "+" + (Path(adapter).parent.name if Path(adapter).name == "final" else Path(adapter).name)
         return cls(lm, tok, name=name, max_batch=max_batch, threads=threads, device=device,
                    prefix_cache=prefix_cache, **kw)
 

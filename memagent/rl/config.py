@@ -100,6 +100,8 @@ class TrainConfig:
     max_tokens_per_microbatch: int = 4096  # padded tokens per forward; bounds memory, not the maths
     sft_conversations_per_step: int = 8  # memagent sft: conversations per optimizer step (whole documents)
     sft_first_token_weight: float = 1.0  # memagent sft: loss weight of a note's first token (keep-or-drop decision)
+    rft_questions: int = 64  # memagent rft: training questions rolled out (G reads each, questions_per_step per round)
+    rft_groups: str = "any"  # memagent rft: any (every correct read) | mixed (only from groups where some read failed)
     max_nonfinite_steps: int = 3  # consecutive NaN/inf steps tolerated (each is skipped) before the run stops
     seed: int = 0
     # --- bookkeeping ---------------------------------------------------------------------------------
@@ -128,10 +130,11 @@ class TrainConfig:
         one_of("lr_scheduler_type", ("constant_with_warmup", "linear", "cosine"))
         one_of("dtype", ("float32", "bfloat16", "float16"))
         one_of("mini_batch_norm", ("batch", "mini_batch"))
+        one_of("rft_groups", ("any", "mixed"))
         if self.clip_ratio_c is not None and self.clip_ratio_c <= 1:
             raise ConfigError(f"clip_ratio_c must be > 1 (the release uses 3.0), got {self.clip_ratio_c}")
         for name in ("num_chunks", "chunk_tokens", "memory_tokens", "answer_tokens", "questions_per_step",
-                     "num_generations", "max_steps", "num_iterations", "num_mini_batches",
+                     "num_generations", "max_steps", "num_iterations", "num_mini_batches", "rft_questions",
                      "max_tokens_per_microbatch"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")

@@ -1,0 +1,247 @@
+"""`memagent rft --config FILE`: rejection-sampling fine-tuning on the policy's own successful reads.
+
+Why this stage exists: the supervised stages (rl/sft.py) teach the model to copy sentences of the shapes
+the program-written notes have, and each new shape traded one skill for another (docs/notes-model.md).
+What they never score is the check that matters, whether the kept line answers *this* question. RL
+scores it through the final answer; on this CPU a DAPO step of the 0.5B costs minutes in torch. RFT is
+RL's cheapest relative: sample G reads per training question with the current adapter, score each read's
+final answer only (sub_em, the same reward as `memagent train`), and fine-tune on every conversation of
+the reads that answered correctly. That is a policy gradient with advantage 1 for correct reads and 0
+for the rest, on samples of the policy itself, so it teaches no sentence shape the model did not write.
+
+Two phases, both resumable, both in `output_dir`:
+1. collect: `rft_questions` training questions (task = notes; training splits only) in rounds of
+   `questions_per_step`, G = `num_generations` reads each at `temperature` / `top_p`, through the
+   llama.cpp engine (the Q4 GGUF of `model` + `init_adapter` as a GGUF LoRA: about 4x the torch
+   engine's speed here, and rollouts are most of the cost). Every read is appended to rollouts.jsonl
+   with its token ids, the engine's sampling log-probs and its reward; a rerun skips finished rounds.
+2. fine-tune: the cross-entropy of rl/sft.py on the kept reads' responses, exactly the sampled ids
+   (no re-tokenisation), `max_steps` steps of at least `sft_conversations_per_step` conversations,
+   whole reads at a time, from `init_adapter`. `rft_groups = "mixed"` keeps only groups where some
+   reads failed (the questions whose answer depended on what the notes kept); "any" keeps all.
+
+Rollouts come from the Q4 weights, the gradient from torch's fp32 dequantised ones. The loss is a plain
+likelihood with no importance ratio, so the gap does not enter it; it does make the samples slightly
+off-policy. logprob_gap.json measures it: torch's log-probs of the sampled tokens (at the same
+temperature) against the engine's, on the first kept conversations, before any update.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+from .config import ConfigError, TrainConfig, load_config, overrides_from_args
+from .sft import SFTRun
+
+
+def add_parser(subparsers) -> None:
+    from .trainer import add_config_command
+
+    add_config_command(subparsers, "rft", "rejection-sampling fine-tuning on the policy's own correct reads",
+                       __doc__.split("\n\n")[0], main)
+
+
+# ---- phase 1: collect ----------------------------------------------------------------------------------
+
+def rounds_done(path: Path) -> set[int]:
+    """Rounds whose reads are all in rollouts.jsonl (a round is written at once, after it finishes)."""
+    if not path.is_file():
+        return set()
+    done = set()
+    for line in path.read_text().splitlines():
+        if line.strip():
+            done.add(json.loads(line)["round"])
+    return done
+
+
+def trajectory_record(traj, round_: int, question: str) -> dict:
+    return {"round": round_, "sample_id": traj.sample_id, "group": traj.group, "generation": traj.generation,
+            "question": question, "answers": list(traj.answers), "reply": traj.reply, "correct": traj.correct,
+            "reward": traj.reward, "memories": traj.memories,
+            "conversations": [{"kind": c.kind, "prompt_ids": c.prompt_ids, "response_ids": c.response_ids,
+                               "logprobs": c.logprobs, "finished": c.finished} for c in traj.conversations]}
+
+
+def collect(config: TrainConfig, backend, tokenizer, log=None, progress=None) -> dict:
+    """Phase 1: roll out every round not yet in output_dir/rollouts.jsonl. Returns collection stats."""
+    from ..prompts import load_template
+    from ..reader import Reader, ReaderConfig
+    from .data import make_task
+    from .rollout import rollout, score_trajectories
+
+    log = log or (lambda m: print(m, file=sys.stderr))
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "rollouts.jsonl"
+    task = make_task(config, tokenizer)
+    reader = Reader(load_template(config.template), tokenizer, ReaderConfig(
+        memory_tokens=config.memory_tokens, answer_tokens=config.answer_tokens, temperature=config.temperature,
+        top_p=config.top_p, return_tokens=True))
+    per = config.questions_per_step
+    n_rounds = -(-config.rft_questions // per)
+    done = rounds_done(path)
+    for r in range(n_rounds):
+        if r in done:
+            if progress:
+                progress()
+            continue
+        t0 = time.time()
+        samples = [task.sample(i) for i in range(r * per, min((r + 1) * per, config.rft_questions))]
+        trajs = asyncio.run(rollout(backend, reader, samples, config.num_generations, seed=config.seed, step=r,
+                                    group_offset=r * per))
+        score_trajectories(trajs, config)
+        by_id = {s.id: s.question for s in samples}
+        with open(path, "a") as f:
+            f.write("".join(json.dumps(trajectory_record(t, r, by_id[t.sample_id])) + "\n" for t in trajs))
+        log(f"rft collect: round {r + 1}/{n_rounds}: {sum(t.correct for t in trajs)}/{len(trajs)} correct, "
+            f"{time.time() - t0:.0f}s")
+        if progress:
+            progress()
+    return collection_stats(load_rollouts(path), config.num_generations)
+
+
+def load_rollouts(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def collection_stats(reads: list[dict], g: int) -> dict:
+    groups: dict[int, list[bool]] = {}
+    for t in reads:
+        groups.setdefault(t["group"], []).append(t["correct"])
+    mixed = sum(0 < sum(v) < len(v) for v in groups.values())
+    return {"questions": len(groups), "reads": len(reads), "correct_reads": sum(t["correct"] for t in reads),
+            "groups_all_correct": sum(all(v) for v in groups.values()),
+            "groups_all_wrong": sum(not any(v) for v in groups.values()), "groups_mixed": mixed,
+            "num_generations": g}
+
+
+def kept_reads(reads: list[dict], groups: str = "any") -> list[dict]:
+    """The correct reads to train on; "mixed": only from groups where at least one read failed."""
+    outcome: dict[int, list[bool]] = {}
+    for t in reads:
+        outcome.setdefault(t["group"], []).append(t["correct"])
+    return [t for t in reads if t["correct"] and (groups == "any" or not all(outcome[t["group"]]))]
+
+
+def training_rows(read: dict, eos_id: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, response ids) of every conversation of one read. A reply that ended by itself is
+    trained to end there (its end-of-turn id appended when the engine left it out); one cut at its cap is
+    trained as sampled, without an end it never produced."""
+    rows = []
+    for c in read["conversations"]:
+        resp = list(c["response_ids"])
+        if c["finished"] and (not resp or resp[-1] != eos_id):
+            resp.append(eos_id)
+        if resp:
+            rows.append((list(c["prompt_ids"]), resp))
+    return rows
+
+
+# ---- phase 2: fine-tune --------------------------------------------------------------------------------
+
+class RFTRun(SFTRun):
+    """rl/sft.py's step on the kept reads instead of program-written notes (whole reads at a time)."""
+
+    def __init__(self, config: TrainConfig, reads: list[dict], log=None):
+        if not reads:
+            raise ConfigError("rft: no correct reads to train on; sample more questions (rft_questions) or "
+                              "use rft_groups = \"any\"")
+        super().__init__(config, log)
+        self.reads = list(reads)
+        random.Random(f"rft:{config.seed}").shuffle(self.reads)
+        eos = self.hf_tok.convert_tokens_to_ids("<|im_end|>")
+        self.eos = self.hf_tok.eos_token_id if eos is None or eos == self.hf_tok.unk_token_id else eos
+
+    def batch(self) -> list[tuple[list[int], list[int]]]:
+        rows: list = []
+        while len(rows) < self.c.sft_conversations_per_step:
+            rows += training_rows(self.reads[self.cursor % len(self.reads)], self.eos)
+            self.cursor += 1
+        return rows
+
+    def logprob_gap(self, n: int = 16) -> dict:
+        """Torch's log-probs (logits / temperature, the policy being trained) of the engine's sampled
+        tokens against the engine's own, over the first n kept conversations with log-probs."""
+        torch = self.torch
+        diffs: list[float] = []
+        self.model.eval()
+        with torch.no_grad():
+            convs = [c for read in self.reads for c in read["conversations"] if c.get("logprobs") and c["response_ids"]]
+            for c in convs[:n]:
+                resp = c["response_ids"]
+                logits = self.response_logits(c["prompt_ids"], resp).float() / max(self.c.temperature, 1e-6)
+                lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(resp).view(-1, 1)).view(-1)
+                diffs += [float(a) - float(b) for a, b in zip(lp.tolist(), c["logprobs"])]
+        self.model.train()
+        if not diffs:
+            return {"tokens": 0}
+        absd = sorted(abs(d) for d in diffs)
+        return {"tokens": len(diffs), "mean_torch_minus_engine": sum(diffs) / len(diffs),
+                "mean_abs": sum(absd) / len(absd), "median_abs": absd[len(absd) // 2],
+                "p90_abs": absd[int(0.9 * (len(absd) - 1))], "max_abs": absd[-1], "temperature": self.c.temperature}
+
+
+def run(config: TrainConfig, backend=None) -> dict:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .. import models
+    from ..tokenizer import HFTokenizer
+
+    if config.task != "notes":
+        raise ConfigError("memagent rft reads program-made notes documents: set task = \"notes\"")
+    out = Path(config.output_dir)
+    tokenizer = HFTokenizer.from_file(models.tokenizer_path(config.model))
+    n_rounds = -(-config.rft_questions // config.questions_per_step)
+    owned = backend is None
+    if owned and len(rounds_done(out / "rollouts.jsonl")) < n_rounds:
+        from ..backends.llamacpp import LlamaCppBackend
+
+        backend = LlamaCppBackend.load(config.model, threads=config.torch_threads or None,
+                                       max_batch=config.rollout_max_batch, adapter=config.init_adapter or None)
+    with Progress(TextColumn("[bold]rft collect"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  disable=not config.progress) as bar:
+        task = bar.add_task("", total=n_rounds)
+        stats = collect(config, backend, tokenizer, progress=lambda: bar.advance(task)) if backend else \
+            collection_stats(load_rollouts(out / "rollouts.jsonl"), config.num_generations)
+    if owned and backend is not None:
+        asyncio.run(backend.aclose())
+    reads = kept_reads(load_rollouts(out / "rollouts.jsonl"), config.rft_groups)
+    stats.update(kept_reads=len(reads), kept_conversations=sum(len(r["conversations"]) for r in reads),
+                 rft_groups=config.rft_groups)
+    (out / "collect.json").write_text(json.dumps(stats, indent=1) + "\n")
+    run_ = RFTRun(config, reads)
+    if run_.step == 0 and not (out / "logprob_gap.json").is_file():
+        (out / "logprob_gap.json").write_text(json.dumps(run_.logprob_gap(), indent=1) + "\n")
+    last: dict = {}
+    with Progress(TextColumn("[bold]rft"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                  TimeElapsedColumn(), disable=not config.progress) as bar:
+        task = bar.add_task("", total=config.max_steps, completed=run_.step)
+        while run_.step < config.max_steps:
+            last = run_.train_step()
+            bar.update(task, completed=run_.step, description=f"loss {last['loss']:.3f}")
+            if not config.progress:
+                print(f"rft step {last['step']}/{config.max_steps} loss {last['loss']:.4f} {last['seconds']}s",
+                      file=sys.stderr, flush=True)
+            if config.save_steps and run_.step % config.save_steps == 0:
+                run_.save()
+    run_.save()
+    run_.save_final()
+    return {**stats, **last}
+
+
+def main(args) -> int:
+    from ..protocol import BackendError
+
+    try:
+        config = load_config(getattr(args, "config", None), overrides_from_args(args))
+        last = run(config)
+    except (ConfigError, FileNotFoundError, BackendError) as e:
+        print(f"memagent rft: error: {e}", file=sys.stderr)
+        return 2
+    print(f"memagent rft: {last['kept_reads']} correct reads of {last['reads']} kept; step {last.get('step', 0)} "
+          f"-> {config.output_dir}/final")
+    return 0
