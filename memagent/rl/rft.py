@@ -12,9 +12,12 @@ for the rest, on samples of the policy itself, so it teaches no sentence shape t
 Two phases, both resumable, both in `output_dir`:
 1. collect: `rft_questions` training questions (task = notes; training splits only) in rounds of
    `questions_per_step`, G = `num_generations` reads each at `temperature` / `top_p`, through the
-   llama.cpp engine (the Q4 GGUF of `model` + `init_adapter` as a GGUF LoRA: about 4x the torch
-   engine's speed here, and rollouts are most of the cost). Every read is appended to rollouts.jsonl
-   with its token ids, the engine's sampling log-probs and its reward; a rerun skips finished rounds.
+   llama.cpp engine (the Q4 GGUF of `model` + `init_adapter` as a GGUF LoRA), so the torch process holds
+   only the policy being trained. It is not a speed-up for batched reads of the 0.5B on 2 cores (stage 1
+   read a 4K document in 353 s on torch and 585 s here, benchmarks/results/notes_model.json); the split
+   is the one a GPU run makes with a vLLM server (rl/remote.py). Every read is appended to
+   rollouts.jsonl with its token ids, the engine's sampling log-probs and its reward; a rerun skips
+   finished rounds.
 2. fine-tune: the cross-entropy of rl/sft.py on the kept reads' responses, exactly the sampled ids
    (no re-tokenisation), `max_steps` steps of at least `sft_conversations_per_step` conversations,
    whole reads at a time, from `init_adapter`. `rft_groups = "mixed"` keeps only groups where some
