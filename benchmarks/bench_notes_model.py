@@ -46,18 +46,13 @@ def settings(chunk: int, memory: int) -> list[str]:
     return ["--template", "notes", "--chunk-tokens", str(chunk), "--memory-tokens", str(memory)]
 
 
-def adapter_label(adapter: str | None) -> str:
-    """A training run's adapter is its final/ folder: the run's name says which one it is."""
-    if not adapter:
-        return ""
-    p = Path(adapter)
-    return "+" + (p.parent.name if p.name in ("final", "checkpoint") else p.name)
-
-
 def row_key(model: str, engine: str, chunk: int = CHUNK, memory: int = MEMORY, adapter: str | None = None) -> str:
     """The row (and folder) name: other weights (llama.cpp's Q4, an adapter) or other read settings are
     another row, never mixed into the default one."""
-    key = Path(model).name + adapter_label(adapter) + ("+llama.cpp" if engine == "llama.cpp" else "")
+    from memagent.models import adapter_label
+
+    key = Path(model).name + (f"+{adapter_label(adapter)}" if adapter else "")
+    key += "+llama.cpp" if engine == "llama.cpp" else ""
     return key + (f"@{chunk}-{memory}" if (chunk, memory) != (CHUNK, MEMORY) else "")
 
 
@@ -159,8 +154,8 @@ def collect(command: str) -> dict:
                       "notes-135m-v2: a candidate stage 4 (configs/notes-135m-sft3.toml: prose facts, first token "
                       "weighted 4x) merged into runs/notes-135m-v2, measured and not shipped; qwen2.5-coder-0.5b: "
                       "the untrained 0.5B base; notes-qwen0.5b: the stage-1 0.5B adapter "
-                      "(configs/notes-qwen0.5b-sft.toml, the shipped memagent-notes-0.5b) merged into runs/notes-qwen0.5b (the 0.5B cells cut "
-                      "the same seeds' documents with Qwen's tokenizer); notes-qwen0.5b-v2: a candidate stage 2 on "
+                      "(configs/notes-qwen0.5b-sft.toml, the shipped memagent-notes-0.5b) merged into "
+                      "runs/notes-qwen0.5b (the 0.5B cells cut the same seeds' documents with Qwen's tokenizer); notes-qwen0.5b-v2: a candidate stage 2 on "
                       "the 0.5B (configs/notes-qwen0.5b-sft2.toml, from the shipped adapter) merged into "
                       "runs/notes-qwen0.5b-v2, measured and not shipped; notes-qwen0.5b-v3: a candidate stage 3 "
                       "(configs/notes-qwen0.5b-sft3.toml, from stage 2, prose facts in RULER noise too) merged "

@@ -96,9 +96,6 @@ def backend_from_args(args):
         tokenizer = resolve_tokenizer("embedded", name, name if gguf_file else None)
         kw = {"threads": args.threads} if args.threads else {}
         if getattr(args, "adapter", None):
-            if spec is not None and spec.adapter:
-                raise ValueError(f"{name} already carries its own adapter; give --adapter with its base, "
-                                 f"--model {spec.base or 'BASE'}")
             kw["adapter"] = args.adapter
         backend = make_backend("embedded", model=name, engine=engine, **kw)
     else:

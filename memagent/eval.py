@@ -161,12 +161,10 @@ def served_model(backend, out: Path | None = None) -> str | None:
 
 
 def adapter_digest(folder: str | None) -> str | None:
-    if not folder:
-        return None
-    import hashlib
+    from .models import _sha256  # the digest the registry pins adapters with
 
-    weights = Path(folder) / "adapter_model.safetensors"
-    return hashlib.sha256(weights.read_bytes()).hexdigest()[:16] if weights.is_file() else None
+    weights = Path(folder) / "adapter_model.safetensors" if folder else None
+    return _sha256(weights)[:16] if weights is not None and weights.is_file() else None
 
 
 def write_summary(out: Path, cfg: EvalConfig, wall: float | None = None, backend=None) -> dict:

@@ -155,6 +155,13 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def adapter_label(adapter: str | Path) -> str:
+    """What to call an adapter folder in names and result rows: a training run saves it as RUN/final (or
+    RUN/checkpoint), so the run's name says which one it is."""
+    p = Path(adapter)
+    return p.parent.name if p.name in ("final", "checkpoint") else p.name
+
+
 class _Lock:
     """A lock file so that two processes (tests, CI workers) never convert the same model at once."""
 

@@ -15,9 +15,14 @@ DEFAULT_ENGINE = "torch"
 def make_backend(kind: str, model: str | None = None, base_url: str | list[str] | None = None,
                  api_key: str | None = None, base_url_file: str | None = None, **kw):
     if kind == "embedded":
-        from ..models import DEFAULT_MODEL
+        from ..models import DEFAULT_MODEL, MODELS, ModelError
 
         engine = kw.pop("engine", None) or DEFAULT_ENGINE
+        spec = MODELS.get(model or DEFAULT_MODEL)
+        if kw.get("adapter") and spec is not None and spec.adapter:
+            # both engines would stack the two adapters (torch merges onto already-merged weights)
+            raise ModelError(f"{spec.name} already carries its own adapter; give --adapter with its base, "
+                             f"--model {spec.base}")
         if engine in ("llama.cpp", "llamacpp"):
             from .llamacpp import LlamaCppBackend
 

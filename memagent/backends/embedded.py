@@ -165,8 +165,8 @@ class EmbeddedBackend:
                 raise BackendError(f"cannot apply adapter {adapter}: {str(e).splitlines()[0]}") from None
         lm.eval()
         name = f"embedded:{model if model in models.MODELS else path.name}"
-        if adapter:  # a run's adapter is its final/ folder: name the run
-            name += "+" + (Path(adapter).parent.name if Path(adapter).name == "final" else Path(adapter).name)
+        if adapter:
+            name += "+" + models.adapter_label(adapter)
         return cls(lm, tok, name=name, max_batch=max_batch, threads=threads, device=device,
                    prefix_cache=prefix_cache, **kw)
 

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from .config import ConfigError, TrainConfig, load_config, overrides_from_args
-from .sft import SFTRun
+from .sft import SFTRun, end_of_turn_id, train_loop
 
 
 def add_parser(subparsers) -> None:
@@ -69,8 +69,8 @@ def trajectory_record(traj, round_: int, question: str) -> dict:
                                "logprobs": c.logprobs, "finished": c.finished} for c in traj.conversations]}
 
 
-def collect(config: TrainConfig, backend, tokenizer, log=None, progress=None) -> dict:
-    """Phase 1: roll out every round not yet in output_dir/rollouts.jsonl. Returns collection stats."""
+def collect(config: TrainConfig, backend, tokenizer, log=None, progress=None) -> None:
+    """Phase 1: roll out every round not yet in output_dir/rollouts.jsonl; `progress()` after each one."""
     from ..prompts import load_template
     from ..reader import Reader, ReaderConfig
     from .data import make_task
@@ -87,11 +87,7 @@ def collect(config: TrainConfig, backend, tokenizer, log=None, progress=None) ->
     per = config.questions_per_step
     n_rounds = -(-config.rft_questions // per)
     done = rounds_done(path)
-    for r in range(n_rounds):
-        if r in done:
-            if progress:
-                progress()
-            continue
+    for r in (r for r in range(n_rounds) if r not in done):
         t0 = time.time()
         samples = [task.sample(i) for i in range(r * per, min((r + 1) * per, config.rft_questions))]
         trajs = asyncio.run(rollout(backend, reader, samples, config.num_generations, seed=config.seed, step=r,
@@ -104,17 +100,22 @@ def collect(config: TrainConfig, backend, tokenizer, log=None, progress=None) ->
             f"{time.time() - t0:.0f}s")
         if progress:
             progress()
-    return collection_stats(load_rollouts(path), config.num_generations)
 
 
 def load_rollouts(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def collection_stats(reads: list[dict], g: int) -> dict:
+def outcomes(reads: list[dict]) -> dict[int, list[bool]]:
+    """Each question's (group's) list of read outcomes."""
     groups: dict[int, list[bool]] = {}
     for t in reads:
         groups.setdefault(t["group"], []).append(t["correct"])
+    return groups
+
+
+def collection_stats(reads: list[dict], g: int) -> dict:
+    groups = outcomes(reads)
     mixed = sum(0 < sum(v) < len(v) for v in groups.values())
     return {"questions": len(groups), "reads": len(reads), "correct_reads": sum(t["correct"] for t in reads),
             "groups_all_correct": sum(all(v) for v in groups.values()),
@@ -124,9 +125,7 @@ def collection_stats(reads: list[dict], g: int) -> dict:
 
 def kept_reads(reads: list[dict], groups: str = "any") -> list[dict]:
     """The correct reads to train on; "mixed": only from groups where at least one read failed."""
-    outcome: dict[int, list[bool]] = {}
-    for t in reads:
-        outcome.setdefault(t["group"], []).append(t["correct"])
+    outcome = outcomes(reads)
     return [t for t in reads if t["correct"] and (groups == "any" or not all(outcome[t["group"]]))]
 
 
@@ -156,8 +155,7 @@ class RFTRun(SFTRun):
         super().__init__(config, log)
         self.reads = list(reads)
         random.Random(f"rft:{config.seed}").shuffle(self.reads)
-        eos = self.hf_tok.convert_tokens_to_ids("<|im_end|>")
-        self.eos = self.hf_tok.eos_token_id if eos is None or eos == self.hf_tok.unk_token_id else eos
+        self.eos = end_of_turn_id(self.hf_tok)
 
     def batch(self) -> list[tuple[list[int], list[int]]]:
         rows: list = []
@@ -177,7 +175,8 @@ class RFTRun(SFTRun):
             for c in convs[:n]:
                 resp = c["response_ids"]
                 logits = self.response_logits(c["prompt_ids"], resp).float() / max(self.c.temperature, 1e-6)
-                lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(resp).view(-1, 1)).view(-1)
+                ids = torch.tensor(resp, device=self.device).view(-1, 1)
+                lp = torch.log_softmax(logits, -1).gather(1, ids).view(-1)
                 diffs += [float(a) - float(b) for a, b in zip(lp.tolist(), c["logprobs"])]
         self.model.train()
         if not diffs:
@@ -189,6 +188,7 @@ class RFTRun(SFTRun):
 
 
 def run(config: TrainConfig, backend=None) -> dict:
+    """Collect what is missing (on llama.cpp unless a backend is given), then fine-tune."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .. import models
@@ -197,43 +197,35 @@ def run(config: TrainConfig, backend=None) -> dict:
     if config.task != "notes":
         raise ConfigError("memagent rft reads program-made notes documents: set task = \"notes\"")
     out = Path(config.output_dir)
-    tokenizer = HFTokenizer.from_file(models.tokenizer_path(config.model))
+    path = out / "rollouts.jsonl"
     n_rounds = -(-config.rft_questions // config.questions_per_step)
-    owned = backend is None
-    if owned and len(rounds_done(out / "rollouts.jsonl")) < n_rounds:
-        from ..backends.llamacpp import LlamaCppBackend
+    todo = n_rounds - len(rounds_done(path))
+    if todo > 0:
+        owned = backend is None
+        if owned:
+            from ..backends.llamacpp import LlamaCppBackend
 
-        backend = LlamaCppBackend.load(config.model, threads=config.torch_threads or None,
-                                       max_batch=config.rollout_max_batch, adapter=config.init_adapter or None)
-    with Progress(TextColumn("[bold]rft collect"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  disable=not config.progress) as bar:
-        task = bar.add_task("", total=n_rounds)
-        stats = collect(config, backend, tokenizer, progress=lambda: bar.advance(task)) if backend else \
-            collection_stats(load_rollouts(out / "rollouts.jsonl"), config.num_generations)
-    if owned and backend is not None:
-        asyncio.run(backend.aclose())
-    reads = kept_reads(load_rollouts(out / "rollouts.jsonl"), config.rft_groups)
+            backend = LlamaCppBackend.load(config.model, threads=config.torch_threads or None,
+                                           max_batch=config.rollout_max_batch, adapter=config.init_adapter or None)
+        tokenizer = HFTokenizer.from_file(models.tokenizer_path(config.model))
+        try:
+            with Progress(TextColumn("[bold]rft collect"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          disable=not config.progress) as bar:
+                task = bar.add_task("", total=todo)
+                collect(config, backend, tokenizer, progress=lambda: bar.advance(task))
+        finally:
+            if owned:
+                asyncio.run(backend.aclose())
+    all_reads = load_rollouts(path)
+    reads = kept_reads(all_reads, config.rft_groups)
+    stats = collection_stats(all_reads, config.num_generations)
     stats.update(kept_reads=len(reads), kept_conversations=sum(len(r["conversations"]) for r in reads),
                  rft_groups=config.rft_groups)
     (out / "collect.json").write_text(json.dumps(stats, indent=1) + "\n")
     run_ = RFTRun(config, reads)
     if run_.step == 0 and not (out / "logprob_gap.json").is_file():
         (out / "logprob_gap.json").write_text(json.dumps(run_.logprob_gap(), indent=1) + "\n")
-    last: dict = {}
-    with Progress(TextColumn("[bold]rft"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                  TimeElapsedColumn(), disable=not config.progress) as bar:
-        task = bar.add_task("", total=config.max_steps, completed=run_.step)
-        while run_.step < config.max_steps:
-            last = run_.train_step()
-            bar.update(task, completed=run_.step, description=f"loss {last['loss']:.3f}")
-            if not config.progress:
-                print(f"rft step {last['step']}/{config.max_steps} loss {last['loss']:.4f} {last['seconds']}s",
-                      file=sys.stderr, flush=True)
-            if config.save_steps and run_.step % config.save_steps == 0:
-                run_.save()
-    run_.save()
-    run_.save_final()
-    return {**stats, **last}
+    return {**stats, **train_loop(run_, "rft")}
 
 
 def main(args) -> int:

@@ -63,10 +63,13 @@ def encode(hf_tok, messages: list[dict], target: str, search=None) -> tuple[list
     from ..specials import chat_ids
 
     prompt = chat_ids(hf_tok, messages, search)
+    return prompt, hf_tok.encode(target, add_special_tokens=False) + [end_of_turn_id(hf_tok)]
+
+
+def end_of_turn_id(hf_tok) -> int:
+    """The id that ends an assistant turn: ChatML's <|im_end|> where the vocabulary has it, else EOS."""
     eos = hf_tok.convert_tokens_to_ids("<|im_end|>")
-    if eos is None or eos == hf_tok.unk_token_id:
-        eos = hf_tok.eos_token_id
-    return prompt, hf_tok.encode(target, add_special_tokens=False) + [eos]
+    return hf_tok.eos_token_id if eos is None or eos == hf_tok.unk_token_id else eos
 
 
 def response_loss(logits, target, first_weight: float, norm: float):
@@ -183,27 +186,33 @@ class SFTRun:
         return final
 
 
-def run(config: TrainConfig) -> dict:
+def train_loop(run_: SFTRun, label: str = "sft") -> dict:
+    """Step `run_` to max_steps under a progress bar (a line per step when progress is off), saving every
+    save_steps and at the end; `memagent rft` runs the same loop on its own batches."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    if config.task != "notes":
-        raise ConfigError("memagent sft trains on program-written notes: set task = \"notes\"")
-    run_ = SFTRun(config)
+    config = run_.c
     last: dict = {}
-    with Progress(TextColumn("[bold]sft"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+    with Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   TimeElapsedColumn(), TimeRemainingColumn(), disable=not config.progress) as bar:
         task = bar.add_task("", total=config.max_steps, completed=run_.step)
         while run_.step < config.max_steps:
             last = run_.train_step()
             bar.update(task, completed=run_.step, description=f"loss {last['loss']:.3f} acc {last['token_accuracy']:.2f}")
             if not config.progress:
-                print(f"sft step {last['step']}/{config.max_steps} loss {last['loss']:.4f} "
+                print(f"{label} step {last['step']}/{config.max_steps} loss {last['loss']:.4f} "
                       f"acc {last['token_accuracy']:.3f} {last['seconds']}s", file=sys.stderr, flush=True)
             if config.save_steps and run_.step % config.save_steps == 0:
                 run_.save()
     run_.save()
     run_.save_final()
     return last
+
+
+def run(config: TrainConfig) -> dict:
+    if config.task != "notes":
+        raise ConfigError("memagent sft trains on program-written notes: set task = \"notes\"")
+    return train_loop(SFTRun(config))
 
 
 def main(args) -> int:
