@@ -284,6 +284,20 @@ def test_notes_shares_and_first_token_weight_are_validated():
     with pytest.raises(ConfigError, match="notes_prose_noise"):
         TrainConfig(task="notes", notes_prose_noise=1.5)
     assert TrainConfig(task="notes", notes_qa_share=0.25, notes_prose_share=0.35).notes_prose_share == 0.35
+    with pytest.raises(ConfigError, match="notes_min_chunks"):
+        TrainConfig(task="notes", num_chunks=3, notes_min_chunks=4)
+
+
+def test_notes_min_chunks_reaches_the_documents(smol_tokenizer):
+    """notes_min_chunks travels from the config to the generator: every document has at least that many
+    chunks, so the evidence often comes after chunks a reader must leave its notes empty on."""
+    from memagent.rl.config import TrainConfig
+    from memagent.rl.data import make_task
+
+    cfg = TrainConfig(task="notes", num_chunks=3, notes_min_chunks=3, chunk_tokens=128, notes_qa_share=0.0, seed=5)
+    docs = [make_task(cfg, smol_tokenizer).sample(i) for i in range(12)]
+    assert all(len(d.meta["evidence"]) == 3 for d in docs)
+    assert sum(not d.meta["evidence"][0] for d in docs) >= 4  # evidence placed anywhere: often not first
 
 
 def test_heldout_check_reads_fresh_training_documents_with_the_real_model(tmp_path):

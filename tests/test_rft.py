@@ -32,13 +32,36 @@ def test_training_rows_end_a_finished_reply_once_and_leave_a_capped_one_open():
     assert training_rows(read, eos) == [([1, 2], [3, 4, eos]), ([1, 2], [3, eos]), ([1, 2], [3, 4, 5])]
 
 
+def test_earlier_collections_are_pooled_as_their_own_groups(tmp_path):
+    """rft_rollouts: a gzipped earlier collection is read, its question 0 stays apart from this run's
+    question 0 (else a right read there would make this run's all-wrong group look mixed), and a missing
+    file is refused before any read is made."""
+    import gzip
+
+    from memagent.rl.config import ConfigError, TrainConfig
+    from memagent.rl.rft import earlier_reads, run
+
+    lines = [json.dumps({**_read(0, ok), "round": 0}) for ok in (True, False)]
+    (tmp_path / "old.jsonl.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    cfg = TrainConfig(task="notes", rft_rollouts=[str(tmp_path / "old.jsonl.gz")])
+    old = earlier_reads(cfg)
+    assert [r["group"] for r in old] == ["earlier0:0", "earlier0:0"]
+    assert [r["group"] for r in kept_reads([_read(0, False), _read(0, False)] + old, "mixed")] == ["earlier0:0"]
+    with pytest.raises(ConfigError, match="no such file"):
+        run(TrainConfig(task="notes", rft_rollouts=[str(tmp_path / "gone.jsonl")], output_dir=str(tmp_path / "r")))
+    assert not (tmp_path / "r").exists()
+
+
 def test_rft_config_rejects_unknown_group_rule():
     from memagent.rl.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="rft_groups"):
         load_config(None, {"rft_groups": "best"})
     with pytest.raises(ConfigError, match="rft_questions"):
-        load_config(None, {"rft_questions": 0})
+        load_config(None, {"rft_questions": 0})  # no reads at all: only allowed with earlier collections
+    assert load_config(None, {"rft_questions": 0, "rft_rollouts": ["r.jsonl"]}).rft_questions == 0
+    with pytest.raises(ConfigError, match="rft_empty_turns"):
+        load_config(None, {"rft_empty_turns": -1})
 
 
 def test_rft_command_collects_on_llama_cpp_resumes_and_trains_on_the_kept_reads(tmp_path, capsys):
@@ -83,6 +106,37 @@ def test_rft_command_collects_on_llama_cpp_resumes_and_trains_on_the_kept_reads(
     assert [m["step"] for m in metrics] == [1] and 0 < metrics[0]["loss"] < 20
     assert (run / "final" / "adapter_model.safetensors").is_file()
     assert main(["rft", "--config", str(cfg), "--task", "kv"]) == 2  # rft reads the notes task's documents
+    # a fine-tune on an earlier collection only (rft_questions = 0), with stay-empty turns mixed in
+    run2 = tmp_path / "run2"
+    assert main(["rft", "--config", str(cfg), "--rft-questions", "0", "--rft-rollouts", str(run / "rollouts.jsonl"),
+                 "--rft-empty-turns", "1", "--output-dir", str(run2)]) == 0
+    assert not (run2 / "rollouts.jsonl").exists()
+    stats2 = json.loads((run2 / "collect.json").read_text())
+    assert stats2["reads"] == 0 and stats2["earlier"]["reads"] == 4 and stats2["kept_reads"] == stats["kept_reads"]
+    m2 = json.loads((run2 / "metrics.jsonl").read_text().splitlines()[0])
+    assert m2["conversations"] == metrics[0]["conversations"] + 1
+
+
+def test_empty_turns_are_supervised_stay_empty_decisions_drawn_by_step(tmp_path):
+    """rft_empty_turns: each step gets that many program-written turns whose target is exactly the empty
+    marker, on a chunk read with empty notes (the decision a correct read rarely had to make); the same
+    step draws the same turns (a resumed run trains what the first one would have)."""
+    from memagent.rl.config import TrainConfig
+    from memagent.rl.rft import RFTRun
+
+    cfg = TrainConfig(model="smollm2-135m", use_peft=True, lora_r=4, lora_alpha=8, lora_last_layers=1, task="notes",
+                      num_chunks=3, notes_min_chunks=3, chunk_tokens=96, memory_tokens=24, rft_empty_turns=3,
+                      sft_conversations_per_step=1, torch_threads=1, progress=False, output_dir=str(tmp_path))
+    run_ = RFTRun(cfg, [_read(0, True, [{"prompt_ids": [1, 2], "response_ids": [3], "finished": True}])])
+    rows = run_.batch()
+    assert rows[0] == ([1, 2], [3, run_.eos]) and len(rows) == 4
+    empty = run_.template.empty_memory
+    for prompt, resp in rows[1:]:
+        assert run_.hf_tok.decode(resp[:-1]) == empty and resp[-1] == run_.eos
+        assert empty in run_.hf_tok.decode(prompt)  # read with empty notes
+    assert run_.empty_turns(3) == rows[1:]
+    run_.step += 1
+    assert run_.empty_turns(3) != rows[1:]
 
 
 def test_an_eval_folder_belongs_to_one_adapter(tmp_path):

@@ -56,6 +56,7 @@ class TrainConfig:
     notes_qa_share: float = 0.25  # task notes: share of document-QA samples (SQuAD/HotpotQA train halves)
     notes_prose_share: float = 0.0  # task notes: share of facts told in prose (rl/notes_prose.py); rest: needles
     notes_prose_noise: float = 0.0  # task notes: share of prose facts set in RULER's repeated noise sentences
+    notes_min_chunks: int = 1  # task notes: the fewest chunks a document draws (more: evidence later, empty turns first)
     kv_values: str = "number"  # kv task values: number (4 digits, "access code") | word ("password")
     memory_tokens: int = 64  # cap of every memory update (max_completion_length of update turns)
     answer_tokens: int = 24  # cap of the final answer turn
@@ -100,8 +101,10 @@ class TrainConfig:
     max_tokens_per_microbatch: int = 4096  # padded tokens per forward; bounds memory, not the maths
     sft_conversations_per_step: int = 8  # memagent sft: conversations per optimizer step (whole documents)
     sft_first_token_weight: float = 1.0  # memagent sft: loss weight of a note's first token (keep-or-drop decision)
-    rft_questions: int = 64  # memagent rft: training questions rolled out (G reads each, questions_per_step per round)
+    rft_questions: int = 64  # memagent rft: questions rolled out (G reads each, questions_per_step a round); 0: rft_rollouts only
     rft_groups: str = "any"  # memagent rft: any (every correct read) | mixed (only from groups where some read failed)
+    rft_empty_turns: int = 0  # memagent rft: program-written "stay empty" turns added to each step (rl/rft.py)
+    rft_rollouts: list = field(default_factory=list)  # memagent rft: earlier rollouts.jsonl(.gz) of init_adapter, kept from too
     max_nonfinite_steps: int = 3  # consecutive NaN/inf steps tolerated (each is skipped) before the run stops
     seed: int = 0
     # --- bookkeeping ---------------------------------------------------------------------------------
@@ -134,7 +137,7 @@ class TrainConfig:
         if self.clip_ratio_c is not None and self.clip_ratio_c <= 1:
             raise ConfigError(f"clip_ratio_c must be > 1 (the release uses 3.0), got {self.clip_ratio_c}")
         for name in ("num_chunks", "chunk_tokens", "memory_tokens", "answer_tokens", "questions_per_step",
-                     "num_generations", "max_steps", "num_iterations", "num_mini_batches", "rft_questions",
+                     "num_generations", "max_steps", "num_iterations", "num_mini_batches",
                      "max_tokens_per_microbatch"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -143,6 +146,12 @@ class TrainConfig:
         if not (0 <= self.notes_qa_share and 0 <= self.notes_prose_share
                 and self.notes_qa_share + self.notes_prose_share <= 1):
             raise ConfigError("notes_qa_share and notes_prose_share must be >= 0 and sum to at most 1")
+        if self.rft_questions < 0 or (self.rft_questions == 0 and not self.rft_rollouts):
+            raise ConfigError(f"rft_questions must be positive (0 only with rft_rollouts), got {self.rft_questions}")
+        if self.rft_empty_turns < 0:
+            raise ConfigError(f"rft_empty_turns must be >= 0, got {self.rft_empty_turns}")
+        if not 1 <= self.notes_min_chunks <= self.num_chunks:
+            raise ConfigError(f"notes_min_chunks must be in [1, num_chunks], got {self.notes_min_chunks}")
         if not 0 <= self.notes_prose_noise <= 1:
             raise ConfigError(f"notes_prose_noise must be in [0, 1], got {self.notes_prose_noise}")
         if self.sft_first_token_weight <= 0:

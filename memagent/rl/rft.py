@@ -22,6 +22,9 @@ Two phases, both resumable, both in `output_dir`:
    (no re-tokenisation), `max_steps` steps of at least `sft_conversations_per_step` conversations,
    whole reads at a time, from `init_adapter`. `rft_groups = "mixed"` keeps only groups where some
    reads failed (the questions whose answer depended on what the notes kept); "any" keeps all.
+   `rft_rollouts` pools earlier collections of the same `init_adapter` (e.g. one drawn with later
+   evidence; `rft_questions = 0` collects nothing new), and `rft_empty_turns` adds that many
+   program-written "stay empty" turns to each step (see RFTRun.empty_turns for why).
 
 Rollouts come from the Q4 weights, the gradient from torch's fp32 dequantised ones. The loss is a plain
 likelihood with no importance ratio, so the gap does not enter it; it does make the samples slightly
@@ -31,6 +34,7 @@ temperature) against the engine's, on the first kept conversations, before any u
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import random
 import sys
@@ -102,8 +106,28 @@ def collect(config: TrainConfig, backend, tokenizer, log=None, progress=None) ->
             progress()
 
 
-def load_rollouts(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+def load_rollouts(path: Path, tag: str = "") -> list[dict]:
+    """Reads of one collection (rollouts.jsonl, or gzipped as kept in benchmarks/results/). A `tag`
+    prefixes the group ids, so that two collections' question 0 stay two groups."""
+    path = Path(path)
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    reads = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if tag:
+        for t in reads:
+            t["group"] = f"{tag}:{t['group']}"
+    return reads
+
+
+def earlier_reads(config: TrainConfig) -> list[dict]:
+    """The `rft_rollouts` collections. Why allowed: a collection made by the same `init_adapter` is a
+    sample of the same policy, so pooling rounds drawn with different document settings (say, one with
+    late evidence) is still RFT on that policy's own reads."""
+    reads = []
+    for i, p in enumerate(config.rft_rollouts):
+        if not Path(p).is_file():
+            raise ConfigError(f"rft_rollouts: no such file {p}")
+        reads += load_rollouts(Path(p), tag=f"earlier{i}")
+    return reads
 
 
 def outcomes(reads: list[dict]) -> dict[int, list[bool]]:
@@ -162,6 +186,22 @@ class RFTRun(SFTRun):
         while len(rows) < self.c.sft_conversations_per_step:
             rows += training_rows(self.reads[self.cursor % len(self.reads)], self.eos)
             self.cursor += 1
+        return rows + self.empty_turns(self.c.rft_empty_turns)
+
+    def empty_turns(self, n: int) -> list[tuple[list[int], list[int]]]:
+        """n supervised turns whose right output is the empty marker: a chunk without evidence read with
+        empty notes (rl/sft.py's oracle). Why: a correct read rarely has to stay empty, so RFT alone
+        barely trains that decision, and a model that then writes a noise sentence on a noise chunk keeps
+        it (docs/notes-model.md). Drawn from the task's documents far past the rollout questions, by
+        step, so a resumed run draws the same turns."""
+        from .sft import conversations, encode
+
+        empty, rows, i = self.template.empty_memory, [], 0
+        while len(rows) < n:
+            index = 1_000_000 + self.step * 64 + i
+            i += 1
+            turns = conversations(self.task.sample(index), self.reader, empty, random.Random(f"rft-empty:{index}"))
+            rows += [encode(self.hf_tok, m, t, self.specials) for m, t in turns[:-1] if t == empty][:n - len(rows)]
         return rows
 
     def logprob_gap(self, n: int = 16) -> dict:
@@ -196,6 +236,7 @@ def run(config: TrainConfig, backend=None) -> dict:
 
     if config.task != "notes":
         raise ConfigError("memagent rft reads program-made notes documents: set task = \"notes\"")
+    earlier = earlier_reads(config)  # before any read: a wrong path fails now, not after an hour of reads
     out = Path(config.output_dir)
     path = out / "rollouts.jsonl"
     n_rounds = -(-config.rft_questions // config.questions_per_step)
@@ -216,9 +257,12 @@ def run(config: TrainConfig, backend=None) -> dict:
         finally:
             if owned:
                 asyncio.run(backend.aclose())
-    all_reads = load_rollouts(path)
-    reads = kept_reads(all_reads, config.rft_groups)
+    all_reads = load_rollouts(path) if path.is_file() else []  # rft_questions = 0: only earlier collections
+    out.mkdir(parents=True, exist_ok=True)
+    reads = kept_reads(all_reads + earlier, config.rft_groups)
     stats = collection_stats(all_reads, config.num_generations)
+    if earlier:
+        stats["earlier"] = {"files": list(config.rft_rollouts), **collection_stats(earlier, config.num_generations)}
     stats.update(kept_reads=len(reads), kept_conversations=sum(len(r["conversations"]) for r in reads),
                  rft_groups=config.rft_groups)
     (out / "collect.json").write_text(json.dumps(stats, indent=1) + "\n")
@@ -237,6 +281,7 @@ def main(args) -> int:
     except (ConfigError, FileNotFoundError, BackendError) as e:
         print(f"memagent rft: error: {e}", file=sys.stderr)
         return 2
-    print(f"memagent rft: {last['kept_reads']} correct reads of {last['reads']} kept; step {last.get('step', 0)} "
+    reads = last["reads"] + last.get("earlier", {}).get("reads", 0)
+    print(f"memagent rft: {last['kept_reads']} correct reads of {reads} kept; step {last.get('step', 0)} "
           f"-> {config.output_dir}/final")
     return 0
