@@ -62,6 +62,8 @@ def test_rft_config_rejects_unknown_group_rule():
     assert load_config(None, {"rft_questions": 0, "rft_rollouts": ["r.jsonl"]}).rft_questions == 0
     with pytest.raises(ConfigError, match="rft_empty_turns"):
         load_config(None, {"rft_empty_turns": -1})
+    with pytest.raises(ConfigError, match="num_chunks >= 2"):  # one chunk: evidence always there, no empty turn
+        load_config(None, {"rft_empty_turns": 1, "num_chunks": 1})
 
 
 def test_rft_command_collects_on_llama_cpp_resumes_and_trains_on_the_kept_reads(tmp_path, capsys):
@@ -109,7 +111,7 @@ def test_rft_command_collects_on_llama_cpp_resumes_and_trains_on_the_kept_reads(
     # a fine-tune on an earlier collection only (rft_questions = 0), with stay-empty turns mixed in
     run2 = tmp_path / "run2"
     assert main(["rft", "--config", str(cfg), "--rft-questions", "0", "--rft-rollouts", str(run / "rollouts.jsonl"),
-                 "--rft-empty-turns", "1", "--output-dir", str(run2)]) == 0
+                 "--rft-empty-turns", "1", "--num-chunks", "2", "--output-dir", str(run2)]) == 0
     assert not (run2 / "rollouts.jsonl").exists()
     stats2 = json.loads((run2 / "collect.json").read_text())
     assert stats2["reads"] == 0 and stats2["earlier"]["reads"] == 4 and stats2["kept_reads"] == stats["kept_reads"]

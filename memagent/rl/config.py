@@ -148,8 +148,8 @@ class TrainConfig:
             raise ConfigError("notes_qa_share and notes_prose_share must be >= 0 and sum to at most 1")
         if self.rft_questions < 0 or (self.rft_questions == 0 and not self.rft_rollouts):
             raise ConfigError(f"rft_questions must be positive (0 only with rft_rollouts), got {self.rft_questions}")
-        if self.rft_empty_turns < 0:
-            raise ConfigError(f"rft_empty_turns must be >= 0, got {self.rft_empty_turns}")
+        if self.rft_empty_turns < 0 or (self.rft_empty_turns and self.num_chunks < 2):
+            raise ConfigError(f"rft_empty_turns must be >= 0 (> 0 needs num_chunks >= 2), got {self.rft_empty_turns}")
         if not 1 <= self.notes_min_chunks <= self.num_chunks:
             raise ConfigError(f"notes_min_chunks must be in [1, num_chunks], got {self.notes_min_chunks}")
         if not 0 <= self.notes_prose_noise <= 1:

@@ -198,9 +198,16 @@ class RFTRun(SFTRun):
 
         empty, rows, i = self.template.empty_memory, [], 0
         while len(rows) < n:
+            if i == 1000:
+                raise ConfigError("rft_empty_turns: 1000 documents held no chunk without evidence; "
+                                  "raise num_chunks (or chunk_tokens)")
             index = 1_000_000 + self.step * 64 + i
             i += 1
-            turns = conversations(self.task.sample(index), self.reader, empty, random.Random(f"rft-empty:{index}"))
+            try:
+                sample = self.task.sample(index)
+            except RuntimeError:  # no document of these settings fits this index: the next one
+                continue
+            turns = conversations(sample, self.reader, empty, random.Random(f"rft-empty:{index}"))
             rows += [encode(self.hf_tok, m, t, self.specials) for m, t in turns[:-1] if t == empty][:n - len(rows)]
         return rows
 
