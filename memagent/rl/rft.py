@@ -130,7 +130,7 @@ def earlier_reads(config: TrainConfig) -> list[dict]:
     return reads
 
 
-def outcomes(reads: list[dict]) -> dict[int, list[bool]]:
+def outcomes(reads: list[dict]) -> dict:
     """Each question's (group's) list of read outcomes."""
     groups: dict[int, list[bool]] = {}
     for t in reads:
