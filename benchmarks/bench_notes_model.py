@@ -163,9 +163,10 @@ def collect(command: str) -> dict:
                       "--engine llama.cpp (the Q4 base, an adapter as a GGUF LoRA: other weights than torch's); "
                       "MODEL+RUN: MODEL with the adapter of runs/RUN/final (--adapter): notes-qwen0.5b-sft is "
                       "stage 1 (the shipped memagent-notes-0.5b), notes-qwen0.5b-rft is stage 1 + RFT "
-                      "(configs/notes-qwen0.5b-rft.toml), measured and not shipped; notes-qwen0.5b-rft2 (not shipped): RFT on "
-                      "that collection and one with later evidence (configs/notes-qwen0.5b-rft2.toml); "
-                      "notes-qwen0.5b-rft3 (not shipped): the same reads plus stay-empty turns (configs/notes-qwen0.5b-rft3.toml); "
+                      "(configs/notes-qwen0.5b-rft.toml), measured and not shipped; notes-qwen0.5b-rft2 (not "
+                      "shipped): RFT on that collection and one with later evidence "
+                      "(configs/notes-qwen0.5b-rft2.toml); notes-qwen0.5b-rft3 (not shipped): the same reads plus "
+                      "stay-empty turns (configs/notes-qwen0.5b-rft3.toml); "
                       "MODEL@CHUNK-MEMORY: read with those chunk / memory tokens instead of 512 / 64; "
                       "demo: the README demo's two questions (accuracy over the 2), asked in one read",
               "commands": commands, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),

@@ -220,6 +220,6 @@ def make_task(config, tokenizer: Tokenizer):
         from .notes_data import NotesTask
 
         return NotesTask(tokenizer, config.chunk_tokens, config.num_chunks, config.memory_tokens, config.seed,
-                         min_chunks=config.notes_min_chunks, qa_share=config.notes_qa_share, prose_share=config.notes_prose_share,
-                         prose_noise=config.notes_prose_noise)
+                         min_chunks=config.notes_min_chunks, qa_share=config.notes_qa_share,
+                         prose_share=config.notes_prose_share, prose_noise=config.notes_prose_noise)
     raise ValueError(f"unknown task {config.task!r}")
