@@ -166,7 +166,8 @@ def collect(command: str) -> dict:
                       "(configs/notes-qwen0.5b-rft.toml), measured and not shipped; notes-qwen0.5b-rft2 (not "
                       "shipped): RFT on that collection and one with later evidence "
                       "(configs/notes-qwen0.5b-rft2.toml); notes-qwen0.5b-rft3 (not shipped): the same reads plus "
-                      "stay-empty turns (configs/notes-qwen0.5b-rft3.toml); "
+                      "stay-empty turns (configs/notes-qwen0.5b-rft3.toml); notes-qwen0.5b-dapo: stage 1 + one "
+                      "Multi-Conv DAPO step on stage 1's stored reads (configs/notes-qwen0.5b-dapo.toml); "
                       "MODEL@CHUNK-MEMORY: read with those chunk / memory tokens instead of 512 / 64; "
                       "demo: the README demo's two questions (accuracy over the 2), asked in one read",
               "commands": commands, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),

@@ -73,6 +73,9 @@ class TrainConfig:
     rollout_max_batch: int = 32  # rows the embedded backend decodes together
     dynamic_sampling: bool = True  # DAPO: drop groups whose rewards are all equal, refill with new questions
     max_resample_rounds: int = 3  # extra rollout rounds allowed per step to refill (DAPO: max_num_gen_batches)
+    # Step 1's rollout batch read from files instead of sampled: rollouts.jsonl(.gz) that `memagent rft`
+    # collected with the starting policy (init_adapter); every group in them at once (engine.first_step).
+    first_step_rollouts: list = field(default_factory=list)
     # --- objective -----------------------------------------------------------------------------------
     loss_type: str = "dapo"  # dapo (token-mean) | grpo (sequence-mean) | dr_grpo (constant normaliser)
     trajectory_weight: str = "equal"  # equal (each trajectory weighs the same) | tokens (original: long docs weigh more)

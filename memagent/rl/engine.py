@@ -44,6 +44,21 @@ class TrainError(RuntimeError):
     pass
 
 
+# Mean |torch - sampler| log-prob per token above which first_step_rollouts are refused: the llama.cpp Q4
+# engine and torch fp32 differ by ~0.0014 nats on the same adapter (benchmarks/results/rft_notes_0.5b/
+# logprob_gap.json); reads of another adapter, or at another temperature, differ by far more.
+FIRST_STEP_MAX_GAP = 0.05
+
+
+def dropout_off(model) -> list:
+    """Switch every active Dropout to eval and return them (to switch back). Why not model.eval(): HF's
+    gradient checkpointing is active in train mode only."""
+    active = [m for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.training]
+    for m in active:
+        m.eval()
+    return active
+
+
 def make_scheduler(optimizer, config: TrainConfig):
     warm, total = max(0, config.warmup_steps), max(1, config.max_steps)
 
@@ -141,6 +156,8 @@ class Trainer:
     def collect(self):
         """(trajectories to train on, every trajectory sampled this step, dropped groups, rounds)."""
         c = self.config
+        if c.first_step_rollouts and self.step == 0:
+            return self.first_step()
         need, kept, everything, dropped, rounds, group_base = self.local_quota(), [], [], 0, 0, 0
         max_rounds = 1 + (c.max_resample_rounds if c.dynamic_sampling else 0)
         while need > 0 and rounds < max_rounds:
@@ -160,6 +177,54 @@ class Trainer:
             kept += [t for t in good if t.group in set(groups)]
             need -= len(groups)
         return kept, everything, dropped, rounds
+
+    def first_step(self):
+        """Step 1's rollout batch: the reads in `first_step_rollouts` (memagent rft's phase 1), every group.
+
+        Why: on 2 CPU cores the reads are most of a step's cost, and rft has paid for hundreds of them,
+        the wrong ones included, which its fine-tune throws away. At step 0 the model is the policy that
+        sampled them, so this is the update a fresh batch would give (old log-probs recomputed here; with
+        num_mini_batches > 1 the later mini-batches are off-policy against them, as in the release).
+        Reads of another policy would make the ratio meaningless, so the sampler's log-probs must agree
+        with this model's (FIRST_STEP_MAX_GAP) or the run stops before any update."""
+        from .rft import load_rollouts, read_trajectory
+
+        c = self.config
+        reads = []
+        for i, p in enumerate(c.first_step_rollouts):
+            if not Path(p).is_file():
+                raise TrainError(f"first_step_rollouts: no such file {p}")
+            reads += load_rollouts(Path(p), tag=f"file{i}")
+        keys = sorted({r["group"] for r in reads})
+        mine = {k: j for j, k in enumerate(keys) if j % self.world == self.rank}  # disjoint shares of groups
+        trajs = [read_trajectory(r, mine[r["group"]], c) for r in reads if r["group"] in mine]
+        gap = self.sampler_gap(trajs[:4])
+        if gap is None or gap > FIRST_STEP_MAX_GAP:
+            raise TrainError(f"first_step_rollouts: the reads' sampling log-probs differ from this model's by "
+                             f"{'an unknown amount (none stored)' if gap is None else f'{gap:.3f} nats a token'}; "
+                             f"they must come from init_adapter's policy at this temperature ({c.temperature})")
+        self.log(f"memagent train: step 1 reads {len(trajs)} stored reads of {len(mine)} questions "
+                 f"(log-prob gap {gap:.4f} nats a token)")
+        if not c.dynamic_sampling:
+            return trajs, trajs, 0, 0
+        kept, dropped = filter_groups(trajs)
+        return kept, trajs, dropped, 0
+
+    def sampler_gap(self, trajs) -> float | None:
+        """Mean |this model's log-prob - the sampler's| per response token over these reads, all ranks."""
+        rows = [r for r in expand_to_rows(trajs, [0.0] * len(trajs), False) if r.sampler_logprobs and r.response_ids]
+        total = {"diff": 0.0, "tokens": 0.0}
+        dropouts = dropout_off(self.model)
+        with torch.no_grad():
+            for mb in micro_batches(rows, self.config.max_tokens_per_microbatch, self.pad_id, self.device):
+                logp = token_logprobs(self.model, mb, self.config.temperature)[0]
+                sampled = pad_right_aligned([r.sampler_logprobs for r in mb.rows], logp.shape[1], self.device)
+                total["diff"] += float(((logp - sampled).abs() * mb.response_mask).sum())
+                total["tokens"] += float(mb.response_mask.sum())
+        for m in dropouts:
+            m.train()
+        total = dist.sum_floats(total)
+        return total["diff"] / total["tokens"] if total["tokens"] else None
 
     def update(self, trajs) -> dict:
         """One RL update on these (already scored) trajectories. Returns metric sums/means."""
@@ -191,11 +256,7 @@ class Trainer:
         ref_lp, old_lp = {}, {}
         # Dropout off for the old, reference *and* current log-probs: with LoRA dropout active two forwards
         # of the same weights differ, so the ratio would not be 1 at lr 0 and clipping would fire on noise.
-        # Only the Dropout modules are switched (the model stays in train mode: HF's gradient checkpointing
-        # is active in train mode only).
-        dropouts = [m for m in self.model.modules() if isinstance(m, torch.nn.Dropout) and m.training]
-        for m in dropouts:
-            m.eval()
+        dropouts = dropout_off(self.model)
         with torch.no_grad():
             for mbs in minibatches:
                 for mb in mbs:

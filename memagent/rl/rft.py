@@ -73,6 +73,22 @@ def trajectory_record(traj, round_: int, question: str) -> dict:
                                "logprobs": c.logprobs, "finished": c.finished} for c in traj.conversations]}
 
 
+def read_trajectory(read: dict, group: int, config: TrainConfig):
+    """A stored read back as the rollout Trajectory it was (trajectory_record's inverse), in group
+    `group`, rescored with this config's reward. `memagent train` uses this for `first_step_rollouts`."""
+    from .rollout import Conversation, Trajectory, score_trajectories
+
+    convs = [Conversation(prompt_ids=list(c["prompt_ids"]), response_ids=list(c["response_ids"]),
+                          logprobs=list(c["logprobs"]) if c.get("logprobs") else None, finished=bool(c["finished"]),
+                          kind=c["kind"], max_tokens=config.memory_tokens if c["kind"] == "update" else config.answer_tokens)
+             for c in read["conversations"]]
+    t = Trajectory(sample_id=read["sample_id"], group=group, generation=int(read["generation"]), conversations=convs,
+                   reply=read["reply"], answer=read["reply"], answers=tuple(read["answers"]),
+                   memories=list(read.get("memories") or []))
+    score_trajectories([t], config)
+    return t
+
+
 def collect(config: TrainConfig, backend, tokenizer, log=None, progress=None) -> None:
     """Phase 1: roll out every round not yet in output_dir/rollouts.jsonl; `progress()` after each one."""
     from ..prompts import load_template
