@@ -44,9 +44,9 @@ class TrainError(RuntimeError):
     pass
 
 
-# Mean |torch - sampler| log-prob per token above which first_step_rollouts are refused: the llama.cpp Q4
-# engine and torch fp32 differ by ~0.0014 nats on the same adapter (benchmarks/results/rft_notes_0.5b/
-# logprob_gap.json); reads of another adapter, or at another temperature, differ by far more.
+# Mean |torch - sampler| log-prob per token above which first_step_rollouts are refused. The llama.cpp Q4
+# engine and torch fp32 differ by 0.0014-0.005 nats on the same adapter (rft_notes_0.5b/logprob_gap.json;
+# the first reads of configs/notes-qwen0.5b-dapo.toml); the untrained base differs from those reads by 0.925.
 FIRST_STEP_MAX_GAP = 0.05
 
 
