@@ -117,6 +117,19 @@ def test_rft_command_collects_on_llama_cpp_resumes_and_trains_on_the_kept_reads(
     assert stats2["reads"] == 0 and stats2["earlier"]["reads"] == 4 and stats2["kept_reads"] == stats["kept_reads"]
     m2 = json.loads((run2 / "metrics.jsonl").read_text().splitlines()[0])
     assert m2["conversations"] == metrics[0]["conversations"] + 1
+    # collect only (max_steps = 0), then one `memagent train` step on those reads, wrong ones included
+    run3, run4 = tmp_path / "run3", tmp_path / "run4"
+    capsys.readouterr()
+    assert main(["rft", "--config", str(cfg), "--max-steps", "0", "--seed", "6", "--output-dir", str(run3)]) == 0
+    assert "no fine-tune" in capsys.readouterr().out
+    assert len((run3 / "rollouts.jsonl").read_text().splitlines()) == 4
+    assert not (run3 / "final").exists() and not (run3 / "metrics.jsonl").exists()
+    assert main(["train", "--config", str(cfg), "--max-steps", "0"]) == 2  # collect-only is rft's alone
+    assert main(["train", "--config", str(cfg), "--first-step-rollouts", str(run3 / "rollouts.jsonl"),
+                 "--output-dir", str(run4)]) == 0
+    step = json.loads((run4 / "metrics.jsonl").read_text().splitlines()[0])
+    assert step["rollout_rounds"] == 0 and step["trajectories"] == 4  # the stored reads, none sampled
+    assert "log-prob gap" in capsys.readouterr().err
 
 
 def test_empty_turns_are_supervised_stay_empty_decisions_drawn_by_step(tmp_path):

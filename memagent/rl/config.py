@@ -96,7 +96,7 @@ class TrainConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     max_grad_norm: float = 1.0
-    max_steps: int = 100
+    max_steps: int = 100  # 0: memagent rft collects reads and stops (memagent train then reads them: first_step_rollouts)
     num_iterations: int = 1  # optimisation passes over each rollout batch (TRL: num_iterations, "mu")
     num_mini_batches: int = 1  # optimizer steps per pass; >1 makes later ones off-policy (old log-probs recomputed)
     mini_batch_norm: str = "batch"  # batch (one normaliser, each mini-batch x M) | mini_batch (the release: own token-mean)
@@ -140,10 +140,12 @@ class TrainConfig:
         if self.clip_ratio_c is not None and self.clip_ratio_c <= 1:
             raise ConfigError(f"clip_ratio_c must be > 1 (the release uses 3.0), got {self.clip_ratio_c}")
         for name in ("num_chunks", "chunk_tokens", "memory_tokens", "answer_tokens", "questions_per_step",
-                     "num_generations", "max_steps", "num_iterations", "num_mini_batches",
+                     "num_generations", "num_iterations", "num_mini_batches",
                      "max_tokens_per_microbatch"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_steps < 0:
+            raise ConfigError(f"max_steps must be >= 0 (0: memagent rft only collects), got {self.max_steps}")
         if not 0 <= self.epsilon < 1 or (self.epsilon_high is not None and self.epsilon_high < 0):
             raise ConfigError("epsilon must be in [0, 1) and epsilon_high >= 0")
         if not (0 <= self.notes_qa_share and 0 <= self.notes_prose_share

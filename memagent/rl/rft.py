@@ -289,6 +289,8 @@ def run(config: TrainConfig, backend=None) -> dict:
     stats.update(kept_reads=len(reads), kept_conversations=sum(len(r["conversations"]) for r in reads),
                  rft_groups=config.rft_groups)
     (out / "collect.json").write_text(json.dumps(stats, indent=1) + "\n")
+    if config.max_steps == 0:  # collect only: the reads are a DAPO step's batch (memagent train, first_step_rollouts)
+        return stats
     run_ = RFTRun(config, reads)
     if run_.step == 0 and not (out / "logprob_gap.json").is_file():
         (out / "logprob_gap.json").write_text(json.dumps(run_.logprob_gap(), indent=1) + "\n")
@@ -305,6 +307,10 @@ def main(args) -> int:
         print(f"memagent rft: error: {e}", file=sys.stderr)
         return 2
     reads = last["reads"] + last.get("earlier", {}).get("reads", 0)
+    if config.max_steps == 0:
+        print(f"memagent rft: {reads} reads collected ({last['correct_reads']} correct), no fine-tune (max_steps = 0) "
+              f"-> {config.output_dir}/rollouts.jsonl")
+        return 0
     print(f"memagent rft: {last['kept_reads']} correct reads of {reads} kept; step {last.get('step', 0)} "
           f"-> {config.output_dir}/final")
     return 0

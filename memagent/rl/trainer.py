@@ -70,6 +70,8 @@ def run(config: TrainConfig, trainer_kwargs: dict | None = None) -> dict:
 def main(args) -> int:
     try:
         config = load_config(getattr(args, "config", None), overrides_from_args(args))
+        if config.max_steps == 0:
+            raise ConfigError("max_steps must be positive for memagent train (0 means collect-only, for memagent rft)")
     except ConfigError as e:
         print(f"memagent train: error: {e}", file=sys.stderr)
         return 2
