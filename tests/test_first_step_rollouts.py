@@ -5,6 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from memagent.rl.config import ConfigError  # noqa: E402
 from memagent.rl.engine import TrainError  # noqa: E402
 from memagent.rl.rft import trajectory_record  # noqa: E402
 from memagent.rl.rollout import score_trajectories  # noqa: E402
@@ -79,5 +80,5 @@ def test_reads_of_another_policy_or_a_missing_file_are_refused(tmp_path):
     with pytest.raises(TrainError, match="temperature"):
         hot.train_step()
     missing = tiny_trainer(tmp_path / "missing", seed=3, first_step_rollouts=[str(tmp_path / "nope.jsonl")])
-    with pytest.raises(TrainError, match="no such file"):
+    with pytest.raises(ConfigError, match="first_step_rollouts: no such file"):
         missing.train_step()

@@ -96,7 +96,7 @@ class TrainConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     max_grad_norm: float = 1.0
-    max_steps: int = 100  # 0: memagent rft collects reads and stops (memagent train then reads them: first_step_rollouts)
+    max_steps: int = 100  # 0: memagent rft only collects (memagent train then reads them: first_step_rollouts)
     num_iterations: int = 1  # optimisation passes over each rollout batch (TRL: num_iterations, "mu")
     num_mini_batches: int = 1  # optimizer steps per pass; >1 makes later ones off-policy (old log-probs recomputed)
     mini_batch_norm: str = "batch"  # batch (one normaliser, each mini-batch x M) | mini_batch (the release: own token-mean)

@@ -59,6 +59,12 @@ def dropout_off(model) -> list:
     return active
 
 
+def sampler_abs_diff(logp, mb) -> tuple[float, float]:
+    """(sum of |logp - the sampler's log-prob| over mb's response tokens, their count)."""
+    sampled = pad_right_aligned([r.sampler_logprobs for r in mb.rows], logp.shape[1], logp.device)
+    return float(((logp.detach() - sampled).abs() * mb.response_mask).sum()), float(mb.response_mask.sum())
+
+
 def make_scheduler(optimizer, config: TrainConfig):
     warm, total = max(0, config.warmup_steps), max(1, config.max_steps)
 
@@ -187,14 +193,10 @@ class Trainer:
         num_mini_batches > 1 the later mini-batches are off-policy against them, as in the release).
         Reads of another policy would make the ratio meaningless, so the sampler's log-probs must agree
         with this model's (FIRST_STEP_MAX_GAP) or the run stops before any update."""
-        from .rft import load_rollouts, read_trajectory
+        from .rft import load_collections, read_trajectory
 
         c = self.config
-        reads = []
-        for i, p in enumerate(c.first_step_rollouts):
-            if not Path(p).is_file():
-                raise TrainError(f"first_step_rollouts: no such file {p}")
-            reads += load_rollouts(Path(p), tag=f"file{i}")
+        reads = load_collections(c.first_step_rollouts, "first_step_rollouts", "file")
         keys = sorted({r["group"] for r in reads})
         mine = {k: j for j, k in enumerate(keys) if j % self.world == self.rank}  # disjoint shares of groups
         trajs = [read_trajectory(r, mine[r["group"]], c) for r in reads if r["group"] in mine]
@@ -217,10 +219,9 @@ class Trainer:
         dropouts = dropout_off(self.model)
         with torch.no_grad():
             for mb in micro_batches(rows, self.config.max_tokens_per_microbatch, self.pad_id, self.device):
-                logp = token_logprobs(self.model, mb, self.config.temperature)[0]
-                sampled = pad_right_aligned([r.sampler_logprobs for r in mb.rows], logp.shape[1], self.device)
-                total["diff"] += float(((logp - sampled).abs() * mb.response_mask).sum())
-                total["tokens"] += float(mb.response_mask.sum())
+                diff, tokens = sampler_abs_diff(token_logprobs(self.model, mb, self.config.temperature)[0], mb)
+                total["diff"] += diff
+                total["tokens"] += tokens
         for m in dropouts:
             m.train()
         total = dist.sum_floats(total)
@@ -292,9 +293,9 @@ class Trainer:
                         sums["entropy_sum"] += float((ent * mb.response_mask).sum())
                         sums["forward_tokens"] += float(mb.attention_mask.sum())
                         if all(r.sampler_logprobs for r in mb.rows):
-                            sampled = pad_right_aligned([r.sampler_logprobs for r in mb.rows], logp.shape[1], self.device)
-                            sums["mismatch_sum"] += float(((logp.detach() - sampled).abs() * mb.response_mask).sum())
-                            sums["mismatch_tokens"] += float(mb.response_mask.sum())
+                            diff, tokens = sampler_abs_diff(logp, mb)
+                            sums["mismatch_sum"] += diff
+                            sums["mismatch_tokens"] += tokens
                 dist.sum_grads(self.params)
                 # the clipping norm doubles as the finiteness check (a NaN/inf anywhere makes it non-finite),
                 # which saves a separate pass over every gradient

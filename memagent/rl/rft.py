@@ -76,14 +76,16 @@ def trajectory_record(traj, round_: int, question: str) -> dict:
 def read_trajectory(read: dict, group: int, config: TrainConfig):
     """A stored read back as the rollout Trajectory it was (trajectory_record's inverse), in group
     `group`, rescored with this config's reward. `memagent train` uses this for `first_step_rollouts`."""
+    from ..prompts import extract_answer
     from .rollout import Conversation, Trajectory, score_trajectories
 
+    caps = {"update": config.memory_tokens, "final": config.answer_tokens}
     convs = [Conversation(prompt_ids=list(c["prompt_ids"]), response_ids=list(c["response_ids"]),
                           logprobs=list(c["logprobs"]) if c.get("logprobs") else None, finished=bool(c["finished"]),
-                          kind=c["kind"], max_tokens=config.memory_tokens if c["kind"] == "update" else config.answer_tokens)
+                          kind=c["kind"], max_tokens=caps[c["kind"]])
              for c in read["conversations"]]
     t = Trajectory(sample_id=read["sample_id"], group=group, generation=int(read["generation"]), conversations=convs,
-                   reply=read["reply"], answer=read["reply"], answers=tuple(read["answers"]),
+                   reply=read["reply"], answer=extract_answer(read["reply"]), answers=tuple(read["answers"]),
                    memories=list(read.get("memories") or []))
     score_trajectories([t], config)
     return t
@@ -134,16 +136,22 @@ def load_rollouts(path: Path, tag: str = "") -> list[dict]:
     return reads
 
 
+def load_collections(paths: list, option: str, tag: str) -> list[dict]:
+    """The reads of several collections, file i's groups tagged `{tag}{i}`; a missing file is a
+    ConfigError naming `option` (rft_rollouts, first_step_rollouts)."""
+    reads = []
+    for i, p in enumerate(paths):
+        if not Path(p).is_file():
+            raise ConfigError(f"{option}: no such file {p}")
+        reads += load_rollouts(Path(p), tag=f"{tag}{i}")
+    return reads
+
+
 def earlier_reads(config: TrainConfig) -> list[dict]:
     """The `rft_rollouts` collections. Why allowed: a collection made by the same `init_adapter` is a
     sample of the same policy, so pooling rounds drawn with different document settings (say, one with
     late evidence) is still RFT on that policy's own reads."""
-    reads = []
-    for i, p in enumerate(config.rft_rollouts):
-        if not Path(p).is_file():
-            raise ConfigError(f"rft_rollouts: no such file {p}")
-        reads += load_rollouts(Path(p), tag=f"earlier{i}")
-    return reads
+    return load_collections(config.rft_rollouts, "rft_rollouts", "earlier")
 
 
 def outcomes(reads: list[dict]) -> dict:
