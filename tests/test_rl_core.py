@@ -244,6 +244,17 @@ def test_shipped_configs_load():
         load_config(f)
 
 
+def test_max_steps_zero_is_collect_only_and_the_trainers_refuse_it():
+    from memagent.rl import sft, trainer
+
+    config = load_config(None, {"task": "notes", "max_steps": 0})  # valid: memagent rft collects only
+    for run in (trainer.run, sft.run):  # the Python entries refuse it before loading any model
+        with pytest.raises(ConfigError, match="max_steps must be positive"):
+            run(config)
+    with pytest.raises(ConfigError, match="max_steps must be >= 0"):
+        load_config(None, {"max_steps": -1})
+
+
 # ---- rollout shape --------------------------------------------------------------------------------
 
 class RecordingBackend:

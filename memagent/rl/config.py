@@ -166,6 +166,12 @@ class TrainConfig:
         if self.num_generations < 2 and self.dynamic_sampling:
             raise ConfigError("dynamic_sampling needs num_generations >= 2 (a group of one always has equal rewards)")
 
+    def require_steps(self, command: str) -> None:
+        """max_steps = 0 is valid only for `memagent rft` (collect only); the trainers refuse it rather than
+        save an untouched adapter as a run's `final`."""
+        if self.max_steps == 0:
+            raise ConfigError(f"max_steps must be positive for {command} (0 means collect-only, for memagent rft)")
+
     @property
     def eps_high(self) -> float:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high

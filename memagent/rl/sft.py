@@ -212,8 +212,7 @@ def train_loop(run_: SFTRun, label: str = "sft") -> dict:
 def run(config: TrainConfig) -> dict:
     if config.task != "notes":
         raise ConfigError("memagent sft trains on program-written notes: set task = \"notes\"")
-    if config.max_steps == 0:
-        raise ConfigError("max_steps must be positive for memagent sft (0 means collect-only, for memagent rft)")
+    config.require_steps("memagent sft")
     return train_loop(SFTRun(config))
 
 

@@ -54,6 +54,7 @@ def run(config: TrainConfig, trainer_kwargs: dict | None = None) -> dict:
     from . import dist
     from .engine import Trainer
 
+    config.require_steps("memagent train")
     trainer = Trainer(config, **(trainer_kwargs or {}))
     last: dict = {}
     try:
@@ -70,8 +71,7 @@ def run(config: TrainConfig, trainer_kwargs: dict | None = None) -> dict:
 def main(args) -> int:
     try:
         config = load_config(getattr(args, "config", None), overrides_from_args(args))
-        if config.max_steps == 0:
-            raise ConfigError("max_steps must be positive for memagent train (0 means collect-only, for memagent rft)")
+        config.require_steps("memagent train")  # here too, so a bad config exits 2
     except ConfigError as e:
         print(f"memagent train: error: {e}", file=sys.stderr)
         return 2
