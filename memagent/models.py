@@ -92,7 +92,7 @@ DEFAULT_MODEL = "smollm2-135m"
 
 
 NOTES_135M_SHA256 = "821f5de6cd473f2ba5e67044c9f1db01c1321ae44dc795f9799e09cb7c7576c2"
-NOTES_05B_SHA256 = "c17d13e58e0ea763dfb49ab28861a66cff491ae34a89cd63420e89ac3e9c5b96"
+NOTES_05B_SHA256 = "cfa0f49dc3f5f2572892a48931af36b0574b99dd87594a9787561be3d4cef28c"
 
 
 # The memory models we train, each a LoRA adapter in memagent/adapters/<folder> on a registered base:
@@ -101,7 +101,8 @@ TRAINED = (
     ("memagent-notes-135m", "smollm2-135m", "notes-135m", NOTES_135M_SHA256,
      "SmolLM2-135M-Instruct + our LoRA trained to keep notes (SFT, Multi-Conv DAPO, SFT); opt-in, not the default"),
     ("memagent-notes-0.5b", "qwen2.5-coder-0.5b", "notes-0.5b", NOTES_05B_SHA256,
-     "Qwen2.5-Coder-0.5B-Instruct + our LoRA trained to keep notes (SFT only, 90 steps); opt-in, not the default"),
+     "Qwen2.5-Coder-0.5B-Instruct + our LoRA trained to keep notes (SFT, then 4 rounds of Multi-Conv DAPO); "
+     "opt-in, not the default"),
 )
 
 
