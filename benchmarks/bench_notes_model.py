@@ -16,9 +16,10 @@ asked one after the other). `--engine llama.cpp` runs every cell on llama.cpp in
 named MODEL+llama.cpp, kept apart from the torch rows because the weights differ (Q4 base); the documents
 are the same. `--adapter RUN/final` reads a training run's adapter on an untrained base, into rows named
 MODEL+RUN. `--chunk-tokens` / `--memory-tokens` other than 512 / 64 (e.g. the issue's 1024 / 128 for
-the untrained 0.5B) name the row MODEL@CHUNK-MEMORY. The documents are generated from seeds (eval
---seed 42, planted-fact's test split): none of them is in the training data, whose generator (memagent/rl/notes_data.py) draws other keys,
-values and wordings, and whose SQuAD/HotpotQA questions come from the other half of the articles.
+the untrained 0.5B) name the row MODEL@CHUNK-MEMORY, and `--seed N` (fresh documents of the same
+generators, to confirm on documents no stage was chosen on) names it MODEL...+seedN. The documents are
+generated from seeds (eval --seed 42, planted-fact's test split): none of them is in the training data,
+whose generator (memagent/rl/notes_data.py) draws other keys, values and wordings, and whose SQuAD/HotpotQA questions come from the other half of the articles.
 """
 from __future__ import annotations
 
@@ -46,14 +47,16 @@ def settings(chunk: int, memory: int) -> list[str]:
     return ["--template", "notes", "--chunk-tokens", str(chunk), "--memory-tokens", str(memory)]
 
 
-def row_key(model: str, engine: str, chunk: int = CHUNK, memory: int = MEMORY, adapter: str | None = None) -> str:
-    """The row (and folder) name: other weights (llama.cpp's Q4, an adapter) or other read settings are
-    another row, never mixed into the default one."""
+def row_key(model: str, engine: str, chunk: int = CHUNK, memory: int = MEMORY, adapter: str | None = None,
+            seed: int | None = None) -> str:
+    """The row (and folder) name: other weights (llama.cpp's Q4, an adapter), other read settings or other
+    documents (--seed) are another row, never mixed into the default one."""
     from memagent.models import adapter_label
 
     key = Path(model).name + (f"+{adapter_label(adapter)}" if adapter else "")
     key += "+llama.cpp" if engine == "llama.cpp" else ""
-    return key + (f"@{chunk}-{memory}" if (chunk, memory) != (CHUNK, MEMORY) else "")
+    key += f"@{chunk}-{memory}" if (chunk, memory) != (CHUNK, MEMORY) else ""
+    return key + (f"+seed{seed}" if seed is not None else "")
 
 
 # The demo's questions and the answers its document states ("... is 943 millibars", "her name is Agnes Varley").
@@ -62,14 +65,17 @@ DEMO = {"What is the lowest barometer reading recorded in the ledger?": "943 mil
 
 
 def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads: int, engine: str = "torch",
-             chunk: int = CHUNK, memory: int = MEMORY, adapter: str | None = None) -> Path:
+             chunk: int = CHUNK, memory: int = MEMORY, adapter: str | None = None, seed: int | None = None) -> Path:
     name, _, at = cell.partition("@")
-    folder = RUNS / row_key(model, engine, chunk, memory, adapter) / gate / cell.replace("@", "-")
+    folder = RUNS / row_key(model, engine, chunk, memory, adapter, seed) / gate / cell.replace("@", "-")
     read_args = settings(chunk, memory)
     engine_args = (["--engine", engine] if engine != "torch" else []) + (["--adapter", adapter] if adapter else [])
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    seed_args = ["--seed", str(seed)] if seed is not None else []
     if name == "demo":  # the README demo's two questions on memagent/examples/keeper_log.txt (never trained on)
+        if seed is not None:
+            raise SystemExit("bench_notes_model: the demo is one fixed document; run it without --seed")
         out = folder / "demo.json"
         if gate != "off" or (out.is_file() and json.loads(out.read_text())["rc"] == 0):
             return folder  # a failed run is recorded, then retried by the next invocation
@@ -100,11 +106,11 @@ def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads
         cmd = [sys.executable, str(ROOT / "benchmarks" / "planted_fact.py"), "--split", "test", "--chunks", at,
                "--docs", str(n), "--model", model, "--concurrency", str(concurrency), "--out", str(out),
                "--threads", str(threads), "--templates", "notes", "--chunk-tokens", str(chunk),
-               "--memory-tokens", str(memory)] + engine_args
+               "--memory-tokens", str(memory)] + engine_args + seed_args
     else:
         cmd = [sys.executable, "-m", "memagent", "eval", "--task", name, "--lengths", at, "--n", str(n),
                "--model", model, "--concurrency", str(concurrency), "--threads", str(threads),
-               "--skip-update", gate, "--no-plot", "--out", str(folder)] + engine_args + read_args
+               "--skip-update", gate, "--no-plot", "--out", str(folder)] + engine_args + read_args + seed_args
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True, env=env, cwd=ROOT)
     return folder
@@ -170,6 +176,9 @@ def collect(command: str) -> dict:
                       "Multi-Conv DAPO step on stage 1's stored reads (configs/notes-qwen0.5b-dapo.toml); "
                       "dapo-r2-step / dapo-r3-step / dapo-r4-step: on-policy DAPO rounds 2-4 after it "
                       "(configs/notes-qwen0.5b-dapo{2,3,4}*.toml); dapo-r4-step is the shipped memagent-notes-0.5b; "
+                      "notes-qwen0.5b-dapo5: round 5 from it (configs/notes-qwen0.5b-dapo5*.toml), not shipped; "
+                      "notes-0.5b: the shipped adapter folder read with --adapter; ROW+seedN: fresh documents "
+                      "(eval --seed N, planted_fact --seed N) instead of the fixed measuring ones; "
                       "MODEL@CHUNK-MEMORY: read with those chunk / memory tokens instead of 512 / 64; "
                       "demo: the README demo's two questions (accuracy over the 2), asked in one read",
               "commands": commands, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
@@ -206,6 +215,9 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-tokens", type=int, default=MEMORY)
     ap.add_argument("--adapter", default=None, help="a LoRA adapter folder (a run's final/) applied to every model "
                                                     "(untrained bases); rows are named MODEL+RUN")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="fresh documents: eval's data seed and planted_fact's document seed (default: the fixed "
+                         "measuring documents, eval seed 42 and planted seed 0); rows are named MODEL...+seedN")
     ap.add_argument("--collect", action="store_true", help="only rebuild the JSON from finished runs")
     args = ap.parse_args(argv)
     if args.engine != "torch" and any(Path(m).is_dir() for m in args.models.split(",")):
@@ -216,7 +228,7 @@ def main(argv=None) -> int:
             for gate in args.gates.split(","):
                 for model in args.models.split(","):
                     run_cell(model, gate, cell, args.n, args.concurrency, args.threads, args.engine,
-                             args.chunk_tokens, args.memory_tokens, args.adapter)
+                             args.chunk_tokens, args.memory_tokens, args.adapter, args.seed)
                     print_table(collect(command))
     print_table(collect(command))
     return 0

@@ -80,6 +80,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     ap.add_argument("--adapter", default=None, help="a LoRA adapter folder applied to --model (an untrained base)")
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/planted_fact_<split>.json)")
+    ap.add_argument("--seed", type=int, default=0, help="document seed: another value draws fresh documents (other "
+                                                       "facts, depths' passages) from the same split")
     ap.add_argument("--smoke", action="store_true", help="seconds-long check with the scripted backend")
     args = ap.parse_args(argv)
     if args.engine == "llama.cpp" and Path(args.model).is_dir():
@@ -114,7 +116,7 @@ def main(argv=None) -> int:
                "date": datetime.datetime.now().isoformat(timespec="seconds"),
                "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
                "model": args.model, "adapter": args.adapter, "engine": args.engine, "backend": backend.name, "split": args.split,
-               "chunk_tokens": chunk_tokens, "memory_tokens": memory_tokens, "metric": "number appears in the extracted answer", "runs": []}
+               "seed": args.seed, "chunk_tokens": chunk_tokens, "memory_tokens": memory_tokens, "metric": "number appears in the extracted answer", "runs": []}
     total = len(templates) * len(chunk_counts) * n_docs
     with Progress() as bar:
         task = bar.add_task("planted facts", total=total)
@@ -122,7 +124,7 @@ def main(argv=None) -> int:
             agent = MemoryAgent(backend, tokenizer, template=template, chunk_tokens=chunk_tokens,
                                 memory_tokens=memory_tokens, answer_tokens=32)
             for n in chunk_counts:
-                docs = make_docs(tokenizer, n, chunk_tokens, n_docs, args.split)
+                docs = make_docs(tokenizer, n, chunk_tokens, n_docs, args.split, args.seed)
                 t = time.perf_counter()
                 answers = [a[0] for a in agent.ask_many([(d["doc"], [d["question"]]) for d in docs], args.concurrency,
                                                          done=lambda: bar.advance(task))]

@@ -106,3 +106,19 @@ def test_notes_model_rows_keep_engines_and_read_settings_apart(monkeypatch):
     assert row_key("qwen2.5-coder-0.5b", "llama.cpp", adapter="runs/notes-qwen0.5b-rft/final") == \
         "qwen2.5-coder-0.5b+notes-qwen0.5b-rft+llama.cpp"
     assert row_key("qwen2.5-coder-0.5b", "torch", adapter="some/adapter-dir") == "qwen2.5-coder-0.5b+adapter-dir"
+    # fresh documents (--seed) are another row: a fixed-seed number and a fresh-seed one never share a cell
+    assert row_key("qwen2.5-coder-0.5b", "llama.cpp", adapter="runs/x/final", seed=43) == \
+        "qwen2.5-coder-0.5b+x+llama.cpp+seed43"
+
+
+def test_planted_fact_seed_draws_other_documents(smol_tokenizer):
+    """--seed must change the documents (facts and passages), or a 'fresh-seed' check would reread the
+    measuring documents; the same seed must give the same documents."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from planted_fact import make_docs
+
+    a = make_docs(smol_tokenizer, 1, 128, 3, "test")
+    assert make_docs(smol_tokenizer, 1, 128, 3, "test", 0) == a
+    b = make_docs(smol_tokenizer, 1, 128, 3, "test", 43)
+    assert all(x["question"] != y["question"] or x["doc"] != y["doc"] for x, y in zip(a, b))
+    assert [x["depth"] for x in a] == [x["depth"] for x in b]  # same depths, other facts and passages
