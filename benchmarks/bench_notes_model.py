@@ -19,7 +19,8 @@ MODEL+RUN. `--chunk-tokens` / `--memory-tokens` other than 512 / 64 (e.g. the is
 the untrained 0.5B) name the row MODEL@CHUNK-MEMORY, and `--seed N` (fresh documents of the same
 generators, to confirm on documents no stage was chosen on) names it MODEL...+seedN. The documents are
 generated from seeds (eval --seed 42, planted-fact's test split): none of them is in the training data,
-whose generator (memagent/rl/notes_data.py) draws other keys, values and wordings, and whose SQuAD/HotpotQA questions come from the other half of the articles.
+whose generator (memagent/rl/notes_data.py) draws other keys, values and wordings, and whose
+SQuAD/HotpotQA questions come from the other half of the articles.
 """
 from __future__ import annotations
 
@@ -74,8 +75,6 @@ def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     seed_args = ["--seed", str(seed)] if seed is not None else []
     if name == "demo":  # the README demo's two questions on memagent/examples/keeper_log.txt (never trained on)
-        if seed is not None:
-            raise SystemExit("bench_notes_model: the demo is one fixed document; run it without --seed")
         out = folder / "demo.json"
         if gate != "off" or (out.is_file() and json.loads(out.read_text())["rc"] == 0):
             return folder  # a failed run is recorded, then retried by the next invocation
@@ -220,6 +219,8 @@ def main(argv=None) -> int:
                          "measuring documents, eval seed 42 and planted seed 0); rows are named MODEL...+seedN")
     ap.add_argument("--collect", action="store_true", help="only rebuild the JSON from finished runs")
     args = ap.parse_args(argv)
+    if args.seed is not None and "demo" in args.cells.split(","):
+        ap.error("the demo is one fixed document: run it without --seed")
     if args.engine != "torch" and any(Path(m).is_dir() for m in args.models.split(",")):
         ap.error("--engine llama.cpp reads registered models (a GGUF); an HF folder runs on --engine torch")
     command = "python benchmarks/bench_notes_model.py " + " ".join(argv if argv is not None else sys.argv[1:])

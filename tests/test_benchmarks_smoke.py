@@ -122,3 +122,11 @@ def test_planted_fact_seed_draws_other_documents(smol_tokenizer):
     b = make_docs(smol_tokenizer, 1, 128, 3, "test", 43)
     assert all(x["question"] != y["question"] or x["doc"] != y["doc"] for x, y in zip(a, b))
     assert [x["depth"] for x in a] == [x["depth"] for x in b]  # same depths, other facts and passages
+
+
+def test_notes_model_refuses_a_seed_for_the_demo():
+    """The demo is one fixed document: a '+seedN' demo row would claim fresh documents it never read."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_notes_model.py"), "--cells", "demo",
+                           "--seed", "43"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "run it without --seed" in proc.stderr
+    assert "Traceback" not in proc.stderr
