@@ -111,10 +111,10 @@ def test_notes_model_rows_keep_engines_and_read_settings_apart(monkeypatch):
         "qwen2.5-coder-0.5b+x+llama.cpp+seed43"
 
 
-def test_planted_fact_seed_draws_other_documents(smol_tokenizer):
+def test_planted_fact_seed_draws_other_documents(smol_tokenizer, monkeypatch):
     """--seed must change the documents (facts and passages), or a 'fresh-seed' check would reread the
     measuring documents; the same seed must give the same documents."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     from planted_fact import make_docs
 
     a = make_docs(smol_tokenizer, 1, 128, 3, "test")
