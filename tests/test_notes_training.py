@@ -250,6 +250,52 @@ def test_prose_noise_sets_prose_facts_in_ruler_noise_and_leaves_the_default_docu
         ("What is the smallest attendance in the season's register?", ("844 people",))]
 
 
+def test_late_share_puts_all_evidence_in_the_last_chunk_and_the_look_alikes_before_it(smol_tokenizer):
+    """notes_late_share: the documents where keeping chunk 1's first guess is a wrong read. Every kind of
+    sample (needle, prose, QA) of 2+ chunks has its evidence in the last chunk only, its prose look-alikes
+    before it, and the oracle's notes stay empty until the last chunk."""
+    from memagent.rl.notes_data import oracle_memories
+
+    late = NotesTask(smol_tokenizer, chunk_tokens=256, max_chunks=3, min_chunks=2, memory_tokens=64, seed=7,
+                     qa_share=0.3, prose_share=0.4, late_share=1.0)
+    kinds, looks = set(), 0
+    for i in range(24):
+        s = late.sample(i)
+        kinds.add(s.meta["kind"].split("-")[0])
+        ev = s.meta["evidence"]
+        assert len(s.chunks) >= 2 and ev[-1] and not any(ev[:-1]), (i, s.meta["kind"])
+        for d in s.meta.get("distractor_facts") or []:
+            assert d not in s.chunks[-1] and any(d in c for c in s.chunks[:-1])
+            looks += 1
+        assert oracle_memories(s, "(none)")[:-1] == ["(none)"] * (len(s.chunks) - 1)
+    assert kinds == {"needle", "prose", "qa"} and looks >= 5
+    mixed = NotesTask(smol_tokenizer, chunk_tokens=256, max_chunks=3, min_chunks=2, memory_tokens=64, seed=7,
+                      qa_share=0.3, prose_share=0.4, late_share=0.5)
+    last_only = sum(not any(mixed.sample(i).meta["evidence"][:-1]) for i in range(24))
+    assert 6 <= last_only <= 22  # a share, not all: random layouts put evidence last sometimes too
+
+
+def test_prose_shapes_narrow_the_draw_and_the_default_keeps_the_documents(smol_tokenizer, tmp_path):
+    """notes_prose_shapes aims a round at one shape (roles, for round 7) from the config file; the default
+    draws the same documents as before the knob existed, so the kept reads and held-out sets stay valid."""
+    from memagent.rl.config import load_config
+    from memagent.rl.data import make_task
+
+    cfg_file = tmp_path / "roles.toml"
+    cfg_file.write_text('task = "notes"\nnum_chunks = 2\nchunk_tokens = 256\nnotes_qa_share = 0.0\n'
+                        'notes_prose_share = 1.0\nnotes_prose_shapes = ["role"]\nseed = 3\n')
+    roles = make_task(load_config(cfg_file), smol_tokenizer)
+    assert {roles.sample(i).meta["kind"] for i in range(12)} == {"prose-role"}
+    kw = dict(chunk_tokens=256, max_chunks=2, memory_tokens=64, seed=3, qa_share=0.0, prose_share=1.0)
+    default = NotesTask(smol_tokenizer, **kw)
+    listed = NotesTask(smol_tokenizer, prose_shapes=("extreme", "role", "attr"), **kw)
+    kinds = [default.sample(i).meta["kind"] for i in range(16)]
+    assert len(set(kinds)) == 3 and kinds == [listed.sample(i).meta["kind"] for i in range(16)]
+    assert [default.sample(i).question for i in range(6)] == [listed.sample(i).question for i in range(6)]
+    with pytest.raises(ValueError, match="prose_shapes"):
+        NotesTask(smol_tokenizer, prose_shapes=("roles",), **kw)
+
+
 def test_prose_facts_never_use_the_held_out_wordings(prose_task):
     """The demo document's measure and role and the planted-fact benchmark's attribute stay out of the
     training facts and questions, so those cells measure transfer."""
@@ -283,6 +329,12 @@ def test_notes_shares_and_first_token_weight_are_validated():
         TrainConfig(task="notes", sft_first_token_weight=0.0)
     with pytest.raises(ConfigError, match="notes_prose_noise"):
         TrainConfig(task="notes", notes_prose_noise=1.5)
+    with pytest.raises(ConfigError, match="notes_late_share"):
+        TrainConfig(task="notes", notes_late_share=-0.1)
+    with pytest.raises(ConfigError, match="notes_prose_shapes"):
+        TrainConfig(task="notes", notes_prose_shapes=["role", "keeper"])
+    with pytest.raises(ConfigError, match="notes_prose_shapes"):
+        TrainConfig(task="notes", notes_prose_shapes=[])
     assert TrainConfig(task="notes", notes_qa_share=0.25, notes_prose_share=0.35).notes_prose_share == 0.35
     with pytest.raises(ConfigError, match="notes_min_chunks"):
         TrainConfig(task="notes", num_chunks=3, notes_min_chunks=4)

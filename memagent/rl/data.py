@@ -221,5 +221,6 @@ def make_task(config, tokenizer: Tokenizer):
 
         return NotesTask(tokenizer, config.chunk_tokens, config.num_chunks, config.memory_tokens, config.seed,
                          min_chunks=config.notes_min_chunks, qa_share=config.notes_qa_share,
-                         prose_share=config.notes_prose_share, prose_noise=config.notes_prose_noise)
+                         prose_share=config.notes_prose_share, prose_noise=config.notes_prose_noise,
+                         late_share=config.notes_late_share, prose_shapes=config.notes_prose_shapes)
     raise ValueError(f"unknown task {config.task!r}")

@@ -116,9 +116,15 @@ class NotesTask:
 
     def __init__(self, tokenizer: Tokenizer, chunk_tokens: int = 512, max_chunks: int = 8, memory_tokens: int = 64,
                  seed: int = 0, min_chunks: int = 1, qa_share: float = 0.25, prose_share: float = 0.0,
-                 prose_noise: float = 0.0):
+                 prose_noise: float = 0.0, late_share: float = 0.0,
+                 prose_shapes: tuple[str, ...] = ("attr", "role", "extreme")):
+        from .notes_prose import SHAPES
+
+        if not prose_shapes or set(prose_shapes) - set(SHAPES):
+            raise ValueError(f"prose_shapes must be a non-empty subset of {SHAPES}, got {prose_shapes!r}")
+        self.prose_shapes = tuple(prose_shapes)
         self.tok, self.chunk_tokens, self.max_chunks = tokenizer, chunk_tokens, max_chunks
-        self.prose_share, self.prose_noise = prose_share, prose_noise
+        self.prose_share, self.prose_noise, self.late_share = prose_share, prose_noise, late_share
         self.min_chunks, self.memory_tokens, self.seed, self.qa_share = min_chunks, memory_tokens, seed, qa_share
         self._pools: dict = {}
 
@@ -196,7 +202,23 @@ class NotesTask:
             evidence.append(cur_ev)
         return chunks, evidence
 
-    def _layout(self, rng, n_chunks, filler, planted: list[str]) -> tuple[list[str], list[list[str]]]:
+    def _layout(self, rng, n_chunks, filler, planted: list[str], n_gold: int = 0):
+        """(chunks, per-chunk planted sentences): filler with `planted` at random positions. For a
+        `late_share` of the documents of 2+ chunks, the first `n_gold` planted sentences (the evidence)
+        all go in the last chunk and the rest (look-alikes) in the chunks before it.
+
+        Why: a reader that writes the first look-alike it meets and then copies its notes through every
+        later chunk is right whenever the evidence comes first, which a random layout makes common; only
+        documents whose evidence comes last make keeping the first guess a wrong read (docs/notes-model.md,
+        round 5: 61 of 80 reads copied chunk 1's notes unchanged). At 0 no number is drawn, so the
+        documents of every earlier seed stay the same documents."""
+        if n_gold and n_chunks > 1 and self.late_share and rng.random() < self.late_share:
+            early, early_ev = self._spread(rng, n_chunks - 1, filler, planted[n_gold:])
+            last, last_ev = self._spread(rng, 1, filler, planted[:n_gold])
+            return early + last, early_ev + last_ev
+        return self._spread(rng, n_chunks, filler, planted)
+
+    def _spread(self, rng, n_chunks, filler, planted: list[str]) -> tuple[list[str], list[list[str]]]:
         """Filler units for n_chunks chunks with the planted sentences at random unit positions.
         Each unit is tokenized once; its count travels with it into _pack."""
         budget = n_chunks * self.chunk_tokens
@@ -252,7 +274,7 @@ class NotesTask:
         distract = [fmt.format(k=k, K=_cap(k), v=_value(val_kind, rng)) for k in sorted(dis_keys)]
         hay = rng.choice(("essay", "essay", "noise", "needle", "needle", "squad", "hotpot"))
         filler = self._filler(hay, rng, fmt, (key_kind, val_kind), dis_keys | {key})
-        chunks, ev_sents = self._layout(rng, n_chunks, filler, gold + distract)
+        chunks, ev_sents = self._layout(rng, n_chunks, filler, gold + distract, n_gold=len(gold))
         evidence = [[e for e in per if e in gold] for per in ev_sents]
         q = rng.choice(QUESTIONS)
         if n_vals > 1:
@@ -292,7 +314,7 @@ class NotesTask:
         if not gold_sents:
             return None
         filler = self._filler(rng.choice(("squad", "hotpot", "essay")), rng, "", ("words", "numbers"), set())
-        chunks, ev_sents = self._layout(rng, n_chunks, filler, gold_sents)
+        chunks, ev_sents = self._layout(rng, n_chunks, filler, gold_sents, n_gold=len(gold_sents))
         evidence = [[e for e in per if e in gold_sents] for per in ev_sents]
         if rng.random() < 0.3:
             question = ("Answer the question based on the given documents. Only give me the answer and do not "

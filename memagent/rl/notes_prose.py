@@ -181,11 +181,16 @@ def _extreme(rng: random.Random):
     return [gold], distract, rng.choice(EXTREME_QUESTIONS).format(**fill), (f"{v} {unit}",)
 
 
+SHAPES = ("attr", "role", "extreme")
+
+
 def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
     """One document whose asked fact is told in prose (see the module docstring); a notes_data.Sample."""
     from .data import Sample
 
-    shape = rng.choice(("attr", "attr", "role", "extreme"))
+    # The default draw weighs attributes twice; a config may narrow it (notes_prose_shapes) to aim a round at
+    # the one shape its reads fail on, e.g. roles in DAPO round 7.
+    shape = rng.choice([s for s in ("attr", "attr", "role", "extreme") if s in task.prose_shapes])
     gold, distract, question, answers = {"attr": _attr, "role": _role, "extreme": _extreme}[shape](rng)
     # Why noise haystacks are opt-in here: a model that only ever met "The grass is green." around needles
     # learned to keep any short "The X is Y" sentence (docs/notes-model.md, stage 2). At 0 no random number
@@ -195,7 +200,7 @@ def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
     else:
         hay = rng.choice(("essay", "essay", "squad", "hotpot"))
     filler = task._filler(hay, rng, "", ("words", "numbers"), set())
-    chunks, ev_sents = task._layout(rng, n_chunks, filler, gold + distract)
+    chunks, ev_sents = task._layout(rng, n_chunks, filler, gold + distract, n_gold=len(gold))
     evidence = [[e for e in per if e in gold] for per in ev_sents]
     placed = {e for per in ev_sents for e in per}
     distract = [d for d in distract if d in placed]  # _pack may cut a unit placed past the last chunk
