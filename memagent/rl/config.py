@@ -31,6 +31,10 @@ class ConfigError(ValueError):
     pass
 
 
+# The prose fact shapes rl/notes_prose.py can draw; one list for the config's check and the generator's.
+NOTES_PROSE_SHAPES = ("attr", "role", "extreme")
+
+
 @dataclass
 class TrainConfig:
     # --- policy model -------------------------------------------------------------------------------
@@ -57,7 +61,7 @@ class TrainConfig:
     notes_prose_share: float = 0.0  # task notes: share of facts told in prose (rl/notes_prose.py); rest: needles
     notes_prose_noise: float = 0.0  # task notes: share of prose facts set in RULER's repeated noise sentences
     notes_late_share: float = 0.0  # task notes: share of 2+ chunk documents with all evidence in the last chunk
-    notes_prose_shapes: list = field(default_factory=lambda: ["attr", "role", "extreme"])  # task notes: prose fact shapes drawn (rl/notes_prose.py)
+    notes_prose_shapes: list = field(default_factory=lambda: list(NOTES_PROSE_SHAPES))  # task notes: shapes drawn
     notes_min_chunks: int = 1  # task notes: the fewest chunks a document draws (more: evidence later, empty turns first)
     kv_values: str = "number"  # kv task values: number (4 digits, "access code") | word ("password")
     memory_tokens: int = 64  # cap of every memory update (max_completion_length of update turns)
@@ -161,8 +165,8 @@ class TrainConfig:
             raise ConfigError(f"notes_min_chunks must be in [1, num_chunks], got {self.notes_min_chunks}")
         if not 0 <= self.notes_prose_noise <= 1:
             raise ConfigError(f"notes_prose_noise must be in [0, 1], got {self.notes_prose_noise}")
-        if not self.notes_prose_shapes or set(self.notes_prose_shapes) - {"attr", "role", "extreme"}:
-            raise ConfigError(f"notes_prose_shapes must be a non-empty subset of attr, role, extreme, "
+        if not self.notes_prose_shapes or set(self.notes_prose_shapes) - set(NOTES_PROSE_SHAPES):
+            raise ConfigError(f"notes_prose_shapes must be a non-empty subset of {', '.join(NOTES_PROSE_SHAPES)}, "
                               f"got {list(self.notes_prose_shapes)}")
         if not 0 <= self.notes_late_share <= 1:
             raise ConfigError(f"notes_late_share must be in [0, 1], got {self.notes_late_share}")

@@ -181,9 +181,6 @@ def _extreme(rng: random.Random):
     return [gold], distract, rng.choice(EXTREME_QUESTIONS).format(**fill), (f"{v} {unit}",)
 
 
-SHAPES = ("attr", "role", "extreme")
-
-
 def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
     """One document whose asked fact is told in prose (see the module docstring); a notes_data.Sample."""
     from .data import Sample
