@@ -294,6 +294,30 @@ def test_prose_shapes_narrow_the_draw_and_the_default_keeps_the_documents(smol_t
     assert [default.sample(i).question for i in range(6)] == [listed.sample(i).question for i in range(6)]
     with pytest.raises(ValueError, match="prose_shapes"):
         NotesTask(smol_tokenizer, prose_shapes=("roles",), **kw)
+    assert "prose-role_split" not in {default.sample(i).meta["kind"] for i in range(40)}
+
+
+def test_split_roles_name_the_person_a_sentence_later_among_other_names(smol_tokenizer):
+    """role_split (DAPO round 9): the asked role's sentence never holds the name, the next one does, and the
+    distractors hold other names (other roles' people, ships, inns, visitors) but never the answer."""
+    from memagent.rl import notes_prose
+
+    t = NotesTask(smol_tokenizer, chunk_tokens=256, max_chunks=2, memory_tokens=64, seed=5, qa_share=0.0,
+                  prose_share=1.0, prose_shapes=("role_split",))
+    mentions = 0
+    for i in range(30):
+        s = t.sample(i)
+        assert s.meta["kind"] == "prose-role_split"
+        (gold,) = [e for per in s.meta["evidence"] for e in per]
+        first, second = gold.split(". ", 1)
+        name = s.answers[0]
+        assert name not in first and name in second and name in " ".join(s.chunks)
+        assert max((r for r in notes_prose.ROLES if r in s.question), key=len) in first
+        for d in s.meta["distractor_facts"]:
+            assert name not in d and d in " ".join(s.chunks)
+        mentions += sum(any(m.split("{")[0] in d for m in notes_prose.NAME_MENTIONS if not m.startswith("{"))
+                        for d in s.meta["distractor_facts"])
+    assert mentions >= 10
 
 
 def test_prose_facts_never_use_the_held_out_wordings(prose_task):
@@ -302,6 +326,7 @@ def test_prose_facts_never_use_the_held_out_wordings(prose_task):
     from memagent.rl import notes_prose
 
     vocab = " ".join(map(str, [notes_prose.ATTRS, notes_prose.ATTR_FACTS, notes_prose.ROLES, notes_prose.ROLE_FACTS,
+                               notes_prose.ROLE_SPLIT_FACTS, notes_prose.NAME_MENTIONS,
                                notes_prose.MEASURES, notes_prose.RECORDS, notes_prose.EXTREME_FACTS,
                                notes_prose.READING])).lower()
     for word in ("access code", "barometer", "keeper", "ledger", "red ink"):

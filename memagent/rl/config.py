@@ -32,7 +32,9 @@ class ConfigError(ValueError):
 
 
 # The prose fact shapes rl/notes_prose.py can draw; one list for the config's check and the generator's.
-NOTES_PROSE_SHAPES = ("attr", "role", "extreme")
+# role_split (a role named a sentence before its person, among other names) is drawn only when asked for.
+NOTES_PROSE_SHAPES = ("attr", "role", "extreme", "role_split")
+NOTES_DEFAULT_SHAPES = ("attr", "role", "extreme")
 
 
 @dataclass
@@ -61,7 +63,7 @@ class TrainConfig:
     notes_prose_share: float = 0.0  # task notes: share of facts told in prose (rl/notes_prose.py); rest: needles
     notes_prose_noise: float = 0.0  # task notes: share of prose facts set in RULER's repeated noise sentences
     notes_late_share: float = 0.0  # task notes: share of 2+ chunk documents with all evidence in the last chunk
-    notes_prose_shapes: list = field(default_factory=lambda: list(NOTES_PROSE_SHAPES))  # task notes: shapes drawn
+    notes_prose_shapes: list = field(default_factory=lambda: list(NOTES_DEFAULT_SHAPES))  # task notes: shapes drawn
     notes_min_chunks: int = 1  # task notes: the fewest chunks a document draws (more: evidence later, empty turns first)
     kv_values: str = "number"  # kv task values: number (4 digits, "access code") | word ("password")
     memory_tokens: int = 64  # cap of every memory update (max_completion_length of update turns)

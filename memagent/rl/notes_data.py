@@ -28,7 +28,7 @@ import uuid
 from ..tasks import data as corpora
 from ..tasks.data import split_of
 from ..tokenizer import Tokenizer
-from .config import NOTES_PROSE_SHAPES
+from .config import NOTES_DEFAULT_SHAPES, NOTES_PROSE_SHAPES
 from .data import Sample, _filler_sentence
 from .notes_prose import _cap, prose_fact
 
@@ -118,7 +118,7 @@ class NotesTask:
     def __init__(self, tokenizer: Tokenizer, chunk_tokens: int = 512, max_chunks: int = 8, memory_tokens: int = 64,
                  seed: int = 0, min_chunks: int = 1, qa_share: float = 0.25, prose_share: float = 0.0,
                  prose_noise: float = 0.0, late_share: float = 0.0,
-                 prose_shapes: tuple[str, ...] = NOTES_PROSE_SHAPES):
+                 prose_shapes: tuple[str, ...] = NOTES_DEFAULT_SHAPES):
         if not prose_shapes or set(prose_shapes) - set(NOTES_PROSE_SHAPES):
             raise ValueError(f"prose_shapes must be a non-empty subset of {NOTES_PROSE_SHAPES}, got {prose_shapes!r}")
         self.prose_shapes = tuple(prose_shapes)

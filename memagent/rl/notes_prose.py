@@ -11,6 +11,8 @@ skill (keep the asked fact, drop look-alike facts about other things) is drawn i
   sentence alone has lost the answer);
 * distractors that share the attribute (other things), the thing (other attributes), the role (other
   roles) or the measure (other readings that are not the extreme);
+* on request only (shape role_split), a role whose person is named a sentence later, among names that are
+  no person in the asked role (a ship, an inn, a visitor);
 * questions phrased several ways.
 
 Held out on purpose (never drawn here): the planted-fact benchmark's attribute ("access code"), and the
@@ -81,6 +83,30 @@ ROLE_FACTS = (
     "We will have a new {r} from the spring. Her name is {n}, and she comes well recommended.",
     "The old {r} retired last winter. The replacement, {n}, has settled in well.",
     "A {r} joins us after the holidays. They say he is called {n}, a cousin of the baker.",
+)
+# Two-sentence roles: the role in one sentence, the person's name only in the next, often behind a pronoun.
+# A note that keeps the first sentence alone has lost the answer (DAPO round 7's largest-but-one failure).
+ROLE_SPLIT_FACTS = tuple(f for f in ROLE_FACTS if f.count(". ") == 1 and f.index("{n}") > f.index(". ")) + (
+    "The {r} starts on Monday. Word in the village is that she is {n}, from the coast.",
+    "We hear a new {r} is on the way. His name, I gather, is {n}.",
+    "The {r} will be with us by the end of the month. People say her name is {n}.",
+    "Nobody had met the new {r} until this morning. He introduced himself as {n}.",
+    "The post of {r} was filled at last. It went to a young woman, {n}, who trained in the city.",
+    "The {r} is expected on the evening coach. The letter gives the name as {n}.",
+    "Our {r} leaves us in the spring. The one taking over, they say, is {n}.",
+    "A new {r} has been found. She is {n}, and she has done the work for years.",
+)
+# Names that are not the asked person: a ship, an inn, a lane, a dog, a person in no role. The notes must
+# tell the asked role's person from every other name in the text (round 8 wrote a ship's name instead).
+NAME_MENTIONS = (
+    "A steamer, the {f} of {t}, put in at noon and left again on the tide.",
+    "We drank to the harvest at the {l} Arms.",
+    "{n} from {t} came by to borrow a ladder.",
+    "The dog, {f}, has taken to sleeping by the stove.",
+    "A parcel came addressed to {n}, though nobody of that name lives here.",
+    "They have renamed the lane {l} Row, after the old squire.",
+    "My brother wrote from {t}; he sends his love to {n}.",
+    "The fishing boat {f} {l} was hauled up for painting.",
 )
 ROLE_QUESTIONS = ("What is the name of the {r}?", "Who is the {r}?", "Who was named {r}?",
                   "Which person is the {r}?")
@@ -168,6 +194,19 @@ def _role(rng: random.Random):
     return facts[:1], facts[1:], rng.choice(ROLE_QUESTIONS).format(r=roles[0]), (names[0],)
 
 
+def _role_split(rng: random.Random):
+    """A role whose person is named a sentence later, among other roles and other names (see NAME_MENTIONS)."""
+    roles = rng.sample(ROLES, rng.randint(1, 4))
+    people = rng.sample([f"{f} {l}" for f in rng.sample(_FIRST, 8) for l in rng.sample(_LAST, 5)], len(roles) + 3)
+    gold = _cap(rng.choice(ROLE_SPLIT_FACTS).format(r=roles[0], n=people[0]))
+    others = [_cap(rng.choice(ROLE_FACTS + ROLE_SPLIT_FACTS).format(r=r, n=n)) for r, n in zip(roles[1:], people[1:])]
+    mentions = [_cap(m.format(f=rng.choice(_FIRST), l=rng.choice(_LAST), t=rng.choice(_TOWNS), n=n))
+                for m, n in zip(rng.sample(NAME_MENTIONS, rng.randint(1, 3)), people[len(roles):])]
+    distract = others + mentions
+    rng.shuffle(distract)
+    return [gold], distract, rng.choice(ROLE_QUESTIONS).format(r=roles[0]), (people[0],)
+
+
 def _extreme(rng: random.Random):
     (m, unit), rec, x = rng.choice(MEASURES), rng.choice(RECORDS), rng.choice(EXTREMES)
     lo, hi = (10, 400) if unit != "people" else (40, 5000)
@@ -186,9 +225,11 @@ def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
     from .data import Sample
 
     # The default draw weighs attributes twice; a config may narrow it (notes_prose_shapes) to aim a round at
-    # the one shape its reads fail on, e.g. roles in DAPO round 7.
-    shape = rng.choice([s for s in ("attr", "attr", "role", "extreme") if s in task.prose_shapes])
-    gold, distract, question, answers = {"attr": _attr, "role": _role, "extreme": _extreme}[shape](rng)
+    # the one shape its reads fail on, e.g. roles in DAPO round 7. role_split is opt-in (not in the default
+    # shapes), so the default draws the same documents as before it existed.
+    shape = rng.choice([s for s in ("attr", "attr", "role", "extreme", "role_split") if s in task.prose_shapes])
+    gold, distract, question, answers = {"attr": _attr, "role": _role, "extreme": _extreme,
+                                         "role_split": _role_split}[shape](rng)
     # Why noise haystacks are opt-in here: a model that only ever met "The grass is green." around needles
     # learned to keep any short "The X is Y" sentence (docs/notes-model.md, stage 2). At 0 no random number
     # is drawn, so the held-out prose documents (benchmarks/notes_heldout.py) stay the same documents.
