@@ -200,8 +200,12 @@ def _role_split(rng: random.Random):
     people = rng.sample([f"{f} {l}" for f in rng.sample(_FIRST, 8) for l in rng.sample(_LAST, 5)], len(roles) + 3)
     gold = _cap(rng.choice(ROLE_SPLIT_FACTS).format(r=roles[0], n=people[0]))
     others = [_cap(rng.choice(ROLE_FACTS + ROLE_SPLIT_FACTS).format(r=r, n=n)) for r, n in zip(roles[1:], people[1:])]
-    mentions = [_cap(m.format(f=rng.choice(_FIRST), l=rng.choice(_LAST), t=rng.choice(_TOWNS), n=n))
-                for m, n in zip(rng.sample(NAME_MENTIONS, rng.randint(1, 3)), people[len(roles):])]
+    mentions = []
+    for m, n in zip(rng.sample(NAME_MENTIONS, rng.randint(1, 3)), people[len(roles):]):
+        f, l, t = rng.choice(_FIRST), rng.choice(_LAST), rng.choice(_TOWNS)
+        if f"{f} {l}" == people[0]:  # a boat named exactly like the answer would make two right readings
+            l = next(x for x in _LAST if x != l)  # no further draw: every other document stays the same
+        mentions.append(_cap(m.format(f=f, l=l, t=t, n=n)))
     distract = others + mentions
     rng.shuffle(distract)
     return [gold], distract, rng.choice(ROLE_QUESTIONS).format(r=roles[0]), (people[0],)
