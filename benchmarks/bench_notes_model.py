@@ -70,7 +70,8 @@ def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads
     name, _, at = cell.partition("@")
     folder = RUNS / row_key(model, engine, chunk, memory, adapter, seed) / gate / cell.replace("@", "-")
     read_args = settings(chunk, memory)
-    engine_args = (["--engine", engine] if engine != "torch" else []) + (["--adapter", adapter] if adapter else [])
+    # always explicit: a registered model's own default engine (memagent models) must not move a torch row
+    engine_args = ["--engine", engine] + (["--adapter", adapter] if adapter else [])
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     seed_args = ["--seed", str(seed)] if seed is not None else []

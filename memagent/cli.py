@@ -33,7 +33,9 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     """Backend options shared by ask / eval / serve."""
     p.add_argument("--backend", default="embedded", choices=["embedded", "openai", "instant"],
                    help="embedded: offline model from PyPI (default); openai: any OpenAI-compatible server")
-    p.add_argument("--model", default=None, help="embedded: registry name or HF folder (default: smollm2-135m); "
+    from .models import DEFAULT_MODEL
+
+    p.add_argument("--model", default=None, help=f"embedded: registry name or HF folder (default: {DEFAULT_MODEL}); "
                                                  "openai: served model name (default: the server's first model)")
     p.add_argument("--base-url", action="append", default=None,
                    help="e.g. http://127.0.0.1:8000/v1 (default $OPENAI_BASE_URL); give it several times for a "
@@ -46,7 +48,7 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="embedded: threads (default: all cores)")
     p.add_argument("--engine", default=None, choices=["torch", "llama.cpp"],
                    help="embedded: runtime; llama.cpp runs the Q4 GGUF as is via xllamacpp (docs/engines.md) "
-                        "(default: torch)")
+                        "(default: the model's own, see `memagent models`; torch for HF folders)")
     p.add_argument("--adapter", default=None,
                    help="embedded: a LoRA adapter folder (final/ of memagent sft, rft or train) applied to --model, "
                         "an untrained base; llama.cpp converts it to a GGUF LoRA once (default: none)")
@@ -86,7 +88,7 @@ def backend_from_args(args):
     if args.backend == "embedded":
         name = args.model or models.DEFAULT_MODEL
         spec = models.MODELS.get(name)
-        engine = getattr(args, "engine", None) or "torch"
+        engine = getattr(args, "engine", None) or models.default_engine(name)
         gguf_file = engine == "llama.cpp" and name.endswith(".gguf") and os.path.isfile(name)
         if spec is None and not os.path.isdir(name) and not gguf_file:
             raise models.ModelError(f"unknown model {name!r}; known: {', '.join(models.MODELS)} or an HF folder"
@@ -235,10 +237,24 @@ def cmd_models(args) -> int:
             where = f"not installed: {e}"
         default = " (default)" if name == models.DEFAULT_MODEL else ""
         print(f"{name}{default}: {spec.description}\n  template={spec.default_template} chunk={spec.chunk_tokens} "
-              f"memory={spec.memory_tokens} window={spec.context_window}\n  {where}")
+              f"memory={spec.memory_tokens} window={spec.context_window} engine={spec.engine}\n  {where}")
     if args.prepare:
-        print(models.hf_dir(args.prepare))
+        for path in prepare_model(args.prepare):
+            print(path)
     return 0
+
+
+def prepare_model(name: str) -> list:
+    """Everything `name` needs on its default engine, built once into the cache (setup.sh calls this):
+    the merged HF folder for torch; for llama.cpp the assembled GGUF, its adapter as a GGUF LoRA and the
+    tokenizer, so that the first `ask` starts at once."""
+    from . import models
+
+    if models.default_engine(name) != "llama.cpp":
+        return [models.hf_dir(name)]
+    from . import gguf_export
+
+    return [models.gguf_path(name), *gguf_export.adapters_for(name), models.tokenizer_path(name)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -276,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("models", help="list the embedded models")
     m.add_argument("--verify", action="store_true", help="check installed files and sha256")
-    m.add_argument("--prepare", metavar="NAME", help="convert NAME to an HF folder now (cached; default: none)")
+    m.add_argument("--prepare", metavar="NAME", help="make NAME ready for its default engine now: an HF folder "
+                                                     "(torch) or GGUF + LoRA GGUF (llama.cpp); cached (default: none)")
     m.add_argument("--card", metavar="NAME", help="print NAME's model card: base, data, training stages, "
                                                   "before/after numbers (default: none)")
     m.set_defaults(func=cmd_models)

@@ -41,6 +41,9 @@ class ModelSpec:
     adapter: str | None = None
     adapter_sha256: str | None = None
     card: str | None = None  # model card (markdown) inside this package
+    # The embedded runtime this model runs on unless --engine says otherwise. A trained adapter is measured
+    # on the engine its reads were sampled with (llama.cpp's Q4 base for the 0.5B), so that is its default.
+    engine: str = "torch"
 
 
 def _split_over(prefix: str, version: str, n: int) -> dict:
@@ -88,21 +91,23 @@ MODELS: dict[str, ModelSpec] = {
         context_window=32768,
     ),
 }
-DEFAULT_MODEL = "smollm2-135m"
+# The embedded default: our trained memory model (docs/notes-model.md). It is registered below from its
+# shipped adapter; the untrained bases stay selectable with --model.
+DEFAULT_MODEL = "memagent-notes-0.5b"
 
 
 NOTES_135M_SHA256 = "821f5de6cd473f2ba5e67044c9f1db01c1321ae44dc795f9799e09cb7c7576c2"
-NOTES_05B_SHA256 = "cfa0f49dc3f5f2572892a48931af36b0574b99dd87594a9787561be3d4cef28c"
+NOTES_05B_SHA256 = "e114670406031c55a51c1876b32f2f98525176bee9fea1774d5b27a7ed6ed77e"
 
 
 # The memory models we train, each a LoRA adapter in memagent/adapters/<folder> on a registered base:
-# (name, base, folder, pinned sha256 of the weights, what it is).
+# (name, base, folder, pinned sha256 of the weights, default engine, what it is).
 TRAINED = (
-    ("memagent-notes-135m", "smollm2-135m", "notes-135m", NOTES_135M_SHA256,
+    ("memagent-notes-135m", "smollm2-135m", "notes-135m", NOTES_135M_SHA256, "torch",
      "SmolLM2-135M-Instruct + our LoRA trained to keep notes (SFT, Multi-Conv DAPO, SFT); opt-in, not the default"),
-    ("memagent-notes-0.5b", "qwen2.5-coder-0.5b", "notes-0.5b", NOTES_05B_SHA256,
-     "Qwen2.5-Coder-0.5B-Instruct + our LoRA trained to keep notes (SFT, then 4 rounds of Multi-Conv DAPO); "
-     "opt-in, not the default"),
+    ("memagent-notes-0.5b", "qwen2.5-coder-0.5b", "notes-0.5b", NOTES_05B_SHA256, "llama.cpp",
+     "Qwen2.5-Coder-0.5B-Instruct + our LoRA trained to keep notes (SFT, then 8 rounds of Multi-Conv DAPO); "
+     "the embedded default, on llama.cpp"),
 )
 
 
@@ -110,7 +115,7 @@ def _register_trained() -> None:
     """Register each trained model whose adapter files ship in this checkout (a pin is required)."""
     from importlib import resources
 
-    for name, base_name, folder, digest, what in TRAINED:
+    for name, base_name, folder, digest, engine, what in TRAINED:
         root = resources.files("memagent") / "adapters" / folder
         if digest is None or not (root / "adapter_model.safetensors").is_file():
             continue
@@ -121,7 +126,7 @@ def _register_trained() -> None:
             default_template=base.default_template, chunk_tokens=base.chunk_tokens,
             memory_tokens=base.memory_tokens, context_window=base.context_window,
             base=base_name, adapter=f"adapters/{folder}", adapter_sha256=digest,
-            card=f"adapters/{folder}/README.md")
+            card=f"adapters/{folder}/README.md", engine=engine)
 
 
 _register_trained()
@@ -131,6 +136,12 @@ def get_spec(name: str) -> ModelSpec:
     if name not in MODELS:
         raise ModelError(f"unknown model {name!r}; known: {', '.join(MODELS)} (or give a path to an HF folder)")
     return MODELS[name]
+
+
+def default_engine(name: str | None) -> str:
+    """The engine a model runs on when --engine is not given: its registry entry's, else torch (HF folders)."""
+    spec = MODELS.get(name or DEFAULT_MODEL)
+    return spec.engine if spec is not None else "torch"
 
 
 def cache_root() -> Path:
@@ -205,9 +216,10 @@ def gguf_path(name: str) -> Path:
     missing = [p for p in paths if not p.is_file()]
     if missing:
         raise ModelError(f"model {name}: missing file {missing[0]}; reinstall with: {install_hint(spec)}")
-    root = cache_root() / name
+    key = spec.base or name  # a trained model's weights are its base's file: one copy in the cache
+    root = cache_root() / key
     stamp = root / "gguf.sha256-ok"
-    target = paths[0] if len(paths) == 1 else root / f"{name}.gguf"
+    target = paths[0] if len(paths) == 1 else root / f"{key}.gguf"
     if target.exists() and stamp.is_file() and stamp.read_text() == f"{target}:{target.stat().st_size}":
         return target
     with _Lock(root / ".gguf.lock"):
@@ -276,7 +288,14 @@ def tokenizer_path(name_or_path: str) -> Path:
         return out / "tokenizer.json"
     if p.is_dir() or p.suffix == ".json":
         return p / "tokenizer.json" if p.is_dir() else p
-    return hf_dir(name_or_path) / "tokenizer.json"
+    spec = get_spec(name_or_path)
+    # An adapter leaves the tokenizer alone, so a trained model counts tokens with its base's. The HF folder
+    # has it once converted; before that it is read from the GGUF alone, so a llama.cpp model never needs
+    # the fp32 conversion (2.5 GB for the 0.5B) just to count tokens.
+    hf = cache_root() / (spec.base or spec.name) / "hf"
+    if (hf / "DONE").is_file():
+        return hf / "tokenizer.json"
+    return tokenizer_path(str(gguf_path(spec.name)))
 
 
 def adapter_dir(spec: ModelSpec) -> Path:

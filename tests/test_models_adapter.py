@@ -75,9 +75,9 @@ def test_trained_models_register_only_when_shipped_and_pinned(monkeypatch):
     for name in [n for n, *_ in models.TRAINED]:
         models.MODELS.pop(name, None)
     monkeypatch.setattr(models, "TRAINED", (
-        ("t-missing", "smollm2-135m", "no-such-folder", "0" * 64, "files not shipped"),
-        ("t-unpinned", "smollm2-135m", "notes-135m", None, "no pin"),
-        ("t-ok", "qwen2.5-coder-0.5b", "notes-135m", "1" * 64, "shipped and pinned"),
+        ("t-missing", "smollm2-135m", "no-such-folder", "0" * 64, "torch", "files not shipped"),
+        ("t-unpinned", "smollm2-135m", "notes-135m", None, "torch", "no pin"),
+        ("t-ok", "qwen2.5-coder-0.5b", "notes-135m", "1" * 64, "llama.cpp", "shipped and pinned"),
     ))
     models._register_trained()
     assert "t-missing" not in models.MODELS and "t-unpinned" not in models.MODELS
@@ -85,6 +85,28 @@ def test_trained_models_register_only_when_shipped_and_pinned(monkeypatch):
     assert spec.base == base.name and spec.sha256 == base.sha256 and spec.packages == base.packages
     assert (spec.chunk_tokens, spec.memory_tokens, spec.default_template) == (512, 64, "notes")
     assert spec.adapter == "adapters/notes-135m" and spec.adapter_sha256 == "1" * 64
+    assert spec.engine == "llama.cpp" and base.engine == "torch"  # the trained model's engine, not its base's
+    assert models.default_engine("t-ok") == "llama.cpp" and models.default_engine("/some/hf-folder") == "torch"
+
+
+def test_a_models_own_engine_is_used_unless_engine_is_given(monkeypatch):
+    """ask/eval/serve run a registered model on its own engine (`memagent models` lists it) and --engine
+    still wins; without this the 0.5B, measured on llama.cpp, would silently read on torch, 4-5x slower."""
+    from argparse import Namespace
+
+    from memagent import cli
+
+    seen = []
+    monkeypatch.setattr("memagent.backends.make_backend", lambda kind, **kw: seen.append(kw["engine"]) or object())
+    monkeypatch.setattr("memagent.backends.resolve_tokenizer", lambda *a, **k: None)
+    args = dict(backend="embedded", tokenizer=None, threads=None, adapter=None)
+    for model, engine in [("memagent-notes-0.5b", None), ("memagent-notes-0.5b", "torch"),
+                          ("smollm2-135m", None), ("smollm2-135m", "llama.cpp")]:
+        if model in models.MODELS:
+            cli.backend_from_args(Namespace(model=model, engine=engine, **args))
+    want = [e for m, e in [("memagent-notes-0.5b", "llama.cpp"), ("memagent-notes-0.5b", "torch"),
+                           ("smollm2-135m", "torch"), ("smollm2-135m", "llama.cpp")] if m in models.MODELS]
+    assert seen == want
 
 
 def _ask(*extra):

@@ -9,15 +9,14 @@ from ..tokenizer import HFTokenizer, Tokenizer, TokenizerError, load_tokenizer
 
 KINDS = ("embedded", "openai", "instant", "scripted")
 ENGINES = ("torch", "llama.cpp")  # runtimes of the embedded backend (docs/engines.md)
-DEFAULT_ENGINE = "torch"
 
 
 def make_backend(kind: str, model: str | None = None, base_url: str | list[str] | None = None,
                  api_key: str | None = None, base_url_file: str | None = None, **kw):
     if kind == "embedded":
-        from ..models import DEFAULT_MODEL, MODELS, ModelError
+        from ..models import DEFAULT_MODEL, MODELS, ModelError, default_engine
 
-        engine = kw.pop("engine", None) or DEFAULT_ENGINE
+        engine = kw.pop("engine", None) or default_engine(model)
         spec = MODELS.get(model or DEFAULT_MODEL)
         if kw.get("adapter") and spec is not None and spec.adapter:
             # both engines would stack the two adapters (torch merges onto already-merged weights)

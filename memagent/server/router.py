@@ -216,8 +216,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--threads", type=int, default=None, help="embedded: torch threads (default: all cores)")
     p.add_argument("--max-batch", type=int, default=8, help="embedded: requests decoded together at most")
-    p.add_argument("--engine", default="torch", choices=["torch", "llama.cpp"],
-                   help="embedded: runtime; llama.cpp runs the Q4 GGUF as is (docs/engines.md) (default: torch)")
+    p.add_argument("--engine", default=None, choices=["torch", "llama.cpp"],
+                   help="embedded: runtime; llama.cpp runs the Q4 GGUF as is (docs/engines.md) (default: the "
+                        "model's own, see `memagent models`; torch for HF folders)")
     p.add_argument("--api-key", default=os.environ.get("MEMAGENT_SERVER_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: env MEMAGENT_SERVER_API_KEY, else none)")
     g = p.add_argument_group("reading jobs and the page (docs/serve.md)")
@@ -269,7 +270,7 @@ def _make_backend(args) -> tuple[Backend, str]:
                 args.served_model_name or args.model or "upstream")
     from .. import models
     name = args.model or models.DEFAULT_MODEL
-    if getattr(args, "engine", "torch") == "llama.cpp":
+    if (getattr(args, "engine", None) or models.default_engine(name)) == "llama.cpp":
         from ..backends.llamacpp import LlamaCppBackend
         return (LlamaCppBackend.load(name, threads=args.threads, max_batch=args.max_batch),
                 args.served_model_name or name)
