@@ -269,14 +269,11 @@ def _make_backend(args) -> tuple[Backend, str]:
         return (OpenAIBackend(args.base_url, model=args.model, api_key=args.upstream_api_key),
                 args.served_model_name or args.model or "upstream")
     from .. import models
+    from ..backends import make_backend  # picks the model's own engine unless --engine names one
+
     name = args.model or models.DEFAULT_MODEL
-    if (getattr(args, "engine", None) or models.default_engine(name)) == "llama.cpp":
-        from ..backends.llamacpp import LlamaCppBackend
-        return (LlamaCppBackend.load(name, threads=args.threads, max_batch=args.max_batch),
-                args.served_model_name or name)
-    from ..backends.embedded import EmbeddedBackend  # imports torch: only when asked for
-    return (EmbeddedBackend.load(name, threads=args.threads, max_batch=args.max_batch),
-            args.served_model_name or name)
+    return (make_backend("embedded", model=name, engine=getattr(args, "engine", None), threads=args.threads,
+                         max_batch=args.max_batch), args.served_model_name or name)
 
 
 async def _serve(app: web.Application, host: str, port: int, banner: str) -> None:
