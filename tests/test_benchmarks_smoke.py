@@ -130,3 +130,37 @@ def test_notes_model_refuses_a_seed_for_the_demo():
                            "--seed", "43"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "run it without --seed" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _row(model, task, length, acc, n=8, gate="off", s=10.0):
+    return {"model": model, "gate": gate, "task": task, "length": length, "n": n, "accuracy": acc,
+            "seconds_per_doc": s}
+
+
+def test_notes_grid_lays_out_two_rows_and_never_calls_an_unmeasured_goal_met(tmp_path):
+    """The grid is what the README quotes: a cell must show both models' counts, an unmeasured cell a dash,
+    one measured miss must make a goal 'not met' even while other cells are missing, and a goal is 'met'
+    only when every one of its cells is measured and good."""
+    rows = [_row("base", "niah_multikey_2", 16384, 0.0, s=2351), _row("ours", "niah_multikey_2", 16384, 62.5, s=883),
+            _row("ours", "niah_single_1", 16384, 100.0), _row("base", "qa_1", 4096, 25.0),
+            _row("ours", "qa_1", 4096, 50.0), _row("base", "qa_1", 16384, 25.0), _row("ours", "qa_1", 16384, 37.5),
+            _row("ours", "niah_single_1", 16384, 87.5, gate="lexical", s=40)]
+    results = tmp_path / "r.json"
+    results.write_text(json.dumps({"rows": rows}))
+    md, png = tmp_path / "g.md", tmp_path / "g.png"
+    run("notes_grid.py", "--results", str(results), "--before", "base", "--after", "ours", "--md", str(md),
+        "--png", str(png))
+    text = md.read_text()
+    assert "16K: 0/8 → **5/8** (2351 → 883 s)" in text
+    assert "16K: — → **7/8** (— → 40 s)" in text  # the gate's row, the base unmeasured there
+    assert "| niah_single_2 |" not in text  # a task with no cell at all is left out, not drawn empty
+    verdicts = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in text.splitlines()
+                if line.startswith("| NIAH") or line.startswith("| multi") or line.startswith("| qa_1 above")}
+    assert verdicts["NIAH ≥ 90% at 16K"] == "not met"  # multikey 62.5% decides it, single_2/3 unmeasured
+    assert verdicts["NIAH ≥ 80% at 64K"] == "not all measured"
+    assert verdicts["multi-key ≥ +30 points over the base"] == "not all measured"  # +62 but 5 cells missing
+    assert verdicts["qa_1 above the base"] == "met"
+    assert png.stat().st_size > 10_000
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "notes_grid.py"), "--results", str(results),
+                           "--before", "base", "--after", "nobody"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no row named 'nobody'" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,176 @@
+"""The before-vs-after grid of two rows of notes_model.json, as a Markdown table, a PNG and a goal check.
+
+bench_notes_model.py measures cells one at a time and keeps every row it ever measured (candidates, other
+engines, other seeds); this script reads two of those rows, the untrained base and the trained model, and
+lays them side by side the way the issue asks for them: task by length, the skip gate off and on, seconds
+per document beside each accuracy. It measures nothing itself, so it is cheap to rerun after each cell.
+
+    python benchmarks/notes_grid.py                      # the shipped default vs its untrained base
+    python benchmarks/notes_grid.py --before ROW --after ROW --md out.md --png out.png
+
+The goals are the ones issue 12 set for the shipped default; a goal whose cells are not all measured is
+reported as such, never as met.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+BEFORE = "qwen2.5-coder-0.5b+llama.cpp"
+AFTER = "qwen2.5-coder-0.5b+notes-qwen0.5b-dapo11b+llama.cpp"
+
+TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2", "qa_1",
+         "planted_fact"]
+LENGTHS = {"planted_fact": ["1 chunks", "4 chunks", "16 chunks", "64 chunks"],
+           "qa_1": ["4096", "16384"]}
+RULER_LENGTHS = ["4096", "16384", "65536"]
+
+
+def lengths_of(task: str) -> list[str]:
+    return LENGTHS.get(task, RULER_LENGTHS)
+
+
+def short(length: str) -> str:
+    return f"{int(length) // 1024}K" if length.isdigit() else length.replace(" chunks", " ch")
+
+
+def index(rows: list[dict]) -> dict:
+    return {(r["model"], r["task"], str(r["length"]), r["gate"]): r for r in rows}
+
+
+def cell_text(b: dict | None, a: dict | None) -> str:
+    """'2/8 → 7/8 (185 → 252 s)': counts rather than percentages, because at n = 8 one document is 12.5
+    points and the reader should see that."""
+    def frac(r):
+        return f"{round(r['accuracy'] * r['n'] / 100)}/{r['n']}" if r else "—"
+
+    def sec(r):
+        return f"{r['seconds_per_doc']:.0f}" if r else "—"
+    if not b and not a:
+        return "—"
+    return f"{frac(b)} → **{frac(a)}** ({sec(b)} → {sec(a)} s)"
+
+
+def table(rows: list[dict], before: str, after: str) -> str:
+    idx = index(rows)
+    out = ["| task | gate | " + " | ".join(f"len {i + 1}" for i in range(4)) + " |", "|---|---|---|---|---|---|"]
+    for task in TASKS:
+        for gate in ("off", "lexical"):
+            cells = []
+            for length in lengths_of(task):
+                b, a = idx.get((before, task, length, gate)), idx.get((after, task, length, gate))
+                cells.append(f"{short(length)}: {cell_text(b, a)}")
+            if all(c.endswith("—") for c in cells):
+                continue
+            out.append(f"| {task} | {gate} | " + " | ".join(cells + [""] * (4 - len(cells))) + " |")
+    return "\n".join(out)
+
+
+def goals(rows: list[dict], before: str, after: str) -> list[tuple[str, str, str]]:
+    """(goal, verdict, evidence) for each of the issue's goals, read without the gate."""
+    idx = index(rows)
+
+    def acc(model, task, length):
+        r = idx.get((model, task, length, "off"))
+        return None if r is None else r["accuracy"]
+
+    def verdict(checks):  # one measured miss decides it; only an all-good, all-measured goal is met
+        if any(v is False for _, v in checks):
+            return "not met"
+        return "not all measured" if any(v is None for _, v in checks) else "met"
+
+    out = []
+    for label, length, floor in (("NIAH ≥ 90% at 16K", "16384", 90), ("NIAH ≥ 80% at 64K", "65536", 80)):
+        checks, evidence = [], []
+        for task in TASKS[:5]:
+            a = acc(after, task, length)
+            checks.append((task, None if a is None else a >= floor))
+            evidence.append(f"{task} {'—' if a is None else f'{a:.0f}%'}")
+        out.append((label, verdict(checks), ", ".join(evidence)))
+    checks, evidence = [], []
+    for task in ("niah_multikey_1", "niah_multikey_2"):
+        for length in RULER_LENGTHS:
+            a, b = acc(after, task, length), acc(before, task, length)
+            gain = None if a is None or b is None else a - b
+            checks.append((task, None if gain is None else gain >= 30))
+            evidence.append(f"{task}@{short(length)} {'—' if gain is None else f'{gain:+.0f}'}")
+    out.append(("multi-key ≥ +30 points over the base", verdict(checks), ", ".join(evidence)))
+    checks, evidence = [], []
+    for length in LENGTHS["qa_1"]:
+        a, b = acc(after, "qa_1", length), acc(before, "qa_1", length)
+        checks.append(("qa_1", None if a is None or b is None else a > b))
+        evidence.append(f"qa_1@{short(length)} " + ("—" if a is None or b is None else f"{b:.0f}% → {a:.0f}%"))
+    out.append(("qa_1 above the base", verdict(checks), ", ".join(evidence)))
+    return out
+
+
+def plot(rows: list[dict], before: str, after: str, png: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    idx = index(rows)
+    fig, axes = plt.subplots(2, 4, figsize=(16, 7), sharey=True)
+    for ax, task in zip(axes.flat, TASKS):
+        lengths = lengths_of(task)
+        for model, color, name in ((before, "tab:gray", "untrained base"), (after, "tab:blue", "trained")):
+            for gate, style in (("off", "-"), ("lexical", "--")):
+                pts = [(i, idx[(model, task, L, gate)]["accuracy"]) for i, L in enumerate(lengths)
+                       if (model, task, L, gate) in idx]
+                if pts:
+                    ax.plot(*zip(*pts), style, color=color, marker="o",
+                            label=f"{name}" + (", skip gate" if gate == "lexical" else ""))
+        ax.set_xticks(range(len(lengths)), [short(L) for L in lengths])
+        ax.set_title(task)
+        ax.set_ylim(-5, 105)
+        ax.grid(alpha=0.3)
+    axes.flat[-1].axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    axes.flat[-1].legend(handles, labels, loc="center")
+    axes[0, 0].set_ylabel("accuracy (%)")
+    axes[1, 0].set_ylabel("accuracy (%)")
+    fig.suptitle(f"{after} vs {before} (greedy, 512 / 64, n per cell in notes_model.json)", fontsize=10)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+    return png
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", type=Path, default=RESULTS / "notes_model.json")
+    ap.add_argument("--before", default=BEFORE, help="the untrained row")
+    ap.add_argument("--after", default=AFTER, help="the trained row")
+    ap.add_argument("--md", type=Path, default=RESULTS / "notes_grid.md")
+    ap.add_argument("--png", type=Path, default=RESULTS / "notes_model.png")
+    ap.add_argument("--no-plot", action="store_true")
+    args = ap.parse_args(argv)
+    if not args.results.is_file():
+        ap.error(f"{args.results} does not exist: run bench_notes_model.py first")
+    rows = json.loads(args.results.read_text())["rows"]
+    models = {r["model"] for r in rows}
+    for name in (args.before, args.after):
+        if name not in models:
+            ap.error(f"no row named {name!r} in {args.results}; rows: {', '.join(sorted(models))}")
+    md = [f"# {args.after} vs {args.before}", "",
+          "Untrained → **trained**, correct documents of n, then seconds per document (the cell's documents read "
+          "concurrently on 2 cores). Written by `python benchmarks/notes_grid.py` from "
+          f"`{args.results.relative_to(ROOT) if args.results.is_relative_to(ROOT) else args.results}`.", "",
+          table(rows, args.before, args.after), "", "| goal (no gate) | verdict | evidence |", "|---|---|---|"]
+    md += [f"| {g} | {v} | {e} |" for g, v, e in goals(rows, args.before, args.after)]
+    text = "\n".join(md) + "\n"
+    args.md.write_text(text)
+    print(text)
+    if not args.no_plot:
+        print(f"wrote {plot(rows, args.before, args.after, args.png)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
