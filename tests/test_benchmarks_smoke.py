@@ -159,6 +159,17 @@ def test_notes_grid_lays_out_two_rows_and_never_calls_an_unmeasured_goal_met(tmp
     assert verdicts["NIAH ≥ 90% at 16K"] == "not met"  # multikey 62.5% decides it, single_2/3 unmeasured
     assert verdicts["NIAH ≥ 80% at 64K"] == "not all measured"
     assert verdicts["multi-key ≥ +30 points over the base"] == "not all measured"  # +62 but 5 cells missing
+    # a trained score under 30% fails the +30 goal even where the base is not measured; 0% is above no base
+    rows.append(_row("ours", "niah_multikey_1", 16384, 0.0))
+    rows = [r for r in rows if not (r["model"] == "base" and r["task"] == "qa_1" and r["length"] == 16384)]
+    rows.append(_row("ours", "qa_1", 16384, 0.0))
+    results.write_text(json.dumps({"rows": rows}))
+    run("notes_grid.py", "--results", str(results), "--before", "base", "--after", "ours", "--md", str(md),
+        "--no-plot")
+    again = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in md.read_text().splitlines()
+             if line.startswith("| multi") or line.startswith("| qa_1 above")}
+    assert again["multi-key ≥ +30 points over the base"] == "not met"
+    assert again["qa_1 above the base"] == "not met"  # qa_1@16K: 0% with the base unmeasured
     assert verdicts["qa_1 above the base"] == "met"
     assert png.stat().st_size > 10_000
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "notes_grid.py"), "--results", str(results),
