@@ -70,6 +70,21 @@ def table(rows: list[dict], before: str, after: str) -> str:
     return "\n".join(out)
 
 
+def gain_check(a: float | None, b: float | None, need) -> bool | None:
+    """Does the trained score `a` gain enough over the base's `b` (`need(gain)`)? None while it cannot be
+    told. A base scores at least 0, so `a` itself is the largest gain possible: if that is not enough, the
+    cell fails without the base's."""
+    if a is None:
+        return None
+    if b is None:
+        return None if need(a) else False
+    return need(a - b)
+
+
+def gain_text(a: float | None, b: float | None) -> str:
+    return "—" if a is None else f"{a:.0f}% vs base —" if b is None else f"{b:.0f}% → {a:.0f}%"
+
+
 def goals(rows: list[dict], before: str, after: str) -> list[tuple[str, str, str]]:
     """(goal, verdict, evidence) for each of the issue's goals, read without the gate."""
     idx = index(rows)
@@ -79,39 +94,24 @@ def goals(rows: list[dict], before: str, after: str) -> list[tuple[str, str, str
         return None if r is None else r["accuracy"]
 
     def verdict(checks):  # one measured miss decides it; only an all-good, all-measured goal is met
-        if any(v is False for _, v in checks):
+        if False in checks:
             return "not met"
-        return "not all measured" if any(v is None for _, v in checks) else "met"
+        return "not all measured" if None in checks else "met"
 
     out = []
     for label, length, floor in (("NIAH ≥ 90% at 16K", "16384", 90), ("NIAH ≥ 80% at 64K", "65536", 80)):
-        checks, evidence = [], []
-        for task in TASKS[:5]:
-            a = acc(after, task, length)
-            checks.append((task, None if a is None else a >= floor))
-            evidence.append(f"{task} {'—' if a is None else f'{a:.0f}%'}")
+        scores = [acc(after, task, length) for task in TASKS[:5]]
+        checks = [None if a is None else a >= floor for a in scores]
+        evidence = [f"{task} {'—' if a is None else f'{a:.0f}%'}" for task, a in zip(TASKS[:5], scores)]
         out.append((label, verdict(checks), ", ".join(evidence)))
-    checks, evidence = [], []
-    for task in ("niah_multikey_1", "niah_multikey_2"):
-        for length in RULER_LENGTHS:
-            a, b = acc(after, task, length), acc(before, task, length)
-            gain = None if a is None or b is None else a - b
-            # below 30% the trained model cannot be 30 points above any base: decided without the base
-            if gain is not None:
-                checks.append((task, gain >= 30))
-            else:
-                checks.append((task, False if a is not None and a < 30 else None))
-            shown = "—" if a is None else f"{a:.0f}% vs base —" if gain is None else f"{gain:+.0f}"
-            evidence.append(f"{task}@{short(length)} {shown}")
-    out.append(("multi-key ≥ +30 points over the base", verdict(checks), ", ".join(evidence)))
-    checks, evidence = [], []
-    for length in LENGTHS["qa_1"]:
-        a, b = acc(after, "qa_1", length), acc(before, "qa_1", length)
-        # 0% is above no base, so that cell is decided without the base
-        checks.append(("qa_1", (False if a == 0 else None) if b is None else None if a is None else a > b))
-        evidence.append(f"qa_1@{short(length)} " + ("—" if a is None else f"{a:.0f}% vs base —" if b is None
-                                                      else f"{b:.0f}% → {a:.0f}%"))
-    out.append(("qa_1 above the base", verdict(checks), ", ".join(evidence)))
+    for label, cells, need in (
+            ("multi-key ≥ +30 points over the base",
+             [(t, L) for t in ("niah_multikey_1", "niah_multikey_2") for L in RULER_LENGTHS], lambda g: g >= 30),
+            ("qa_1 above the base", [("qa_1", L) for L in LENGTHS["qa_1"]], lambda g: g > 0)):
+        pairs = [(acc(after, t, L), acc(before, t, L)) for t, L in cells]
+        checks = [gain_check(a, b, need) for a, b in pairs]
+        evidence = [f"{t}@{short(L)} {gain_text(a, b)}" for (t, L), (a, b) in zip(cells, pairs)]
+        out.append((label, verdict(checks), ", ".join(evidence)))
     return out
 
 
