@@ -297,6 +297,43 @@ def test_prose_shapes_narrow_the_draw_and_the_default_keeps_the_documents(smol_t
     assert "prose-role_split" not in {default.sample(i).meta["kind"] for i in range(40)}
 
 
+def test_essay_needles_and_decoys_aim_a_round_at_prose_and_leave_the_default_documents_alone(smol_tokenizer):
+    """notes_needle_essay_share and notes_decoy_share (DAPO round 12): needles set in essay prose, most with
+    answer-sounding sentences that belong to no key. A decoy never holds an answer (a read that copies it
+    must be scored wrong), never names the asked key and is never evidence; at 0 neither draws a number, so
+    every earlier seed keeps its documents (the digest was taken from the generator before the knobs)."""
+    import hashlib
+    import json
+
+    from memagent.rl.config import ConfigError, TrainConfig
+    from memagent.rl.notes_data import DECOYS
+
+    kw = dict(chunk_tokens=256, max_chunks=2, memory_tokens=64, seed=5, qa_share=0.2, prose_share=0.2)
+    default = NotesTask(smol_tokenizer, **kw)
+    h = hashlib.sha256()
+    for i in range(12):
+        s = default.sample(i)
+        h.update(json.dumps([s.question, s.answers, s.chunks]).encode())
+    assert h.hexdigest()[:16] == "fd63419209e597f4"
+    aimed = NotesTask(smol_tokenizer, needle_essay_share=1.0, decoy_share=1.0, **dict(kw, qa_share=0.0,
+                                                                                       prose_share=0.0))
+    with_decoys, valued = 0, 0
+    for i in range(16):
+        s = aimed.sample(i)
+        assert s.meta["haystack"] == "essay"
+        with_decoys += bool(s.meta["decoys"])
+        ev = [e for per in s.meta["evidence"] for e in per]
+        for d in s.meta["decoys"]:
+            assert any(d in c for c in s.chunks) and d not in ev
+            assert s.meta["key"] not in d and not any(a in d or d in a for a in s.answers)
+            valued += d not in {f for f in DECOYS if "{v}" not in f}
+    assert with_decoys >= 14 and valued >= 10
+    assert {default.sample(i).meta["haystack"] for i in range(24)} != {"essay"}
+    for name in ("notes_needle_essay_share", "notes_decoy_share"):
+        with pytest.raises(ConfigError, match=name):
+            TrainConfig(task="notes", **{name: 1.5})
+
+
 def test_split_roles_name_the_person_a_sentence_later_among_other_names(smol_tokenizer):
     """role_split (DAPO round 9): the asked role's sentence never holds the name, the next one does, and the
     distractors hold other names (other roles' people, ships, inns, visitors) but never the answer."""

@@ -64,6 +64,8 @@ class TrainConfig:
     notes_prose_noise: float = 0.0  # task notes: share of prose facts set in RULER's repeated noise sentences
     notes_late_share: float = 0.0  # task notes: share of 2+ chunk documents with all evidence in the last chunk
     notes_prose_shapes: list = field(default_factory=lambda: list(NOTES_DEFAULT_SHAPES))  # task notes: shapes drawn
+    notes_needle_essay_share: float = 0.0  # task notes: share of needle documents whose haystack is essay prose
+    notes_decoy_share: float = 0.0  # task notes: share of needle documents with answer-sounding decoy sentences
     notes_min_chunks: int = 1  # task notes: the fewest chunks a document draws (more: evidence later, empty turns first)
     kv_values: str = "number"  # kv task values: number (4 digits, "access code") | word ("password")
     memory_tokens: int = 64  # cap of every memory update (max_completion_length of update turns)
@@ -172,6 +174,9 @@ class TrainConfig:
                               f"got {list(self.notes_prose_shapes)}")
         if not 0 <= self.notes_late_share <= 1:
             raise ConfigError(f"notes_late_share must be in [0, 1], got {self.notes_late_share}")
+        for name in ("notes_needle_essay_share", "notes_decoy_share"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.sft_first_token_weight <= 0:
             raise ConfigError(f"sft_first_token_weight must be positive, got {self.sft_first_token_weight}")
         if self.beta < 0:

@@ -60,6 +60,22 @@ PREAMBLES = (
     "The text below hides a few {T}; keep track of them.\n",
     "Read carefully, you will be asked about one {t}.\n",
 )
+# Sentences that sound like an answer and belong to no key (an opt-in `decoy_share` of needle documents).
+# Why: in long essay text the 0.5B default kept the needle and then replaced it with a later essay sentence
+# that read like an answer ("The answer to the paradox, I think, is ..."; docs/notes-model.md, the grid).
+# A decoy either carries a value of the needle's kind (a read that copies it answers wrongly) or none.
+DECOYS = (
+    "The answer, as far as I can tell, is {v}.",
+    "If you want the short version, it comes down to {v}.",
+    "So the answer to the whole puzzle is {v}, or so the author claims.",
+    "My own guess, for what it is worth, is {v}.",
+    "It turned out that the missing piece was {v} all along.",
+    "Everyone quotes {v} here, though few can say where it came from.",
+    "The figure people remember from that year is {v}.",
+    "The answer, I think, is that nobody really knows.",
+    "What matters in the end is not the number but the habit of checking it.",
+    "The real answer is simpler than it looks: you write it down as soon as you see it.",
+)
 KINDS = {  # value kind -> (singular names, plural names)
     "numbers": (("number", "code", "PIN"), ("numbers", "codes", "PINs")),
     "words": (("word", "password"), ("words", "passwords")),
@@ -118,12 +134,14 @@ class NotesTask:
     def __init__(self, tokenizer: Tokenizer, chunk_tokens: int = 512, max_chunks: int = 8, memory_tokens: int = 64,
                  seed: int = 0, min_chunks: int = 1, qa_share: float = 0.25, prose_share: float = 0.0,
                  prose_noise: float = 0.0, late_share: float = 0.0,
-                 prose_shapes: tuple[str, ...] = NOTES_DEFAULT_SHAPES):
+                 prose_shapes: tuple[str, ...] = NOTES_DEFAULT_SHAPES, needle_essay_share: float = 0.0,
+                 decoy_share: float = 0.0):
         if not prose_shapes or set(prose_shapes) - set(NOTES_PROSE_SHAPES):
             raise ValueError(f"prose_shapes must be a non-empty subset of {NOTES_PROSE_SHAPES}, got {prose_shapes!r}")
         self.prose_shapes = tuple(prose_shapes)
         self.tok, self.chunk_tokens, self.max_chunks = tokenizer, chunk_tokens, max_chunks
         self.prose_share, self.prose_noise, self.late_share = prose_share, prose_noise, late_share
+        self.needle_essay_share, self.decoy_share = needle_essay_share, decoy_share
         self.min_chunks, self.memory_tokens, self.seed, self.qa_share = min_chunks, memory_tokens, seed, qa_share
         self._pools: dict = {}
 
@@ -271,10 +289,22 @@ class NotesTask:
                 dis_keys.add(k)
         gold = [fmt.format(k=key, K=_cap(key), v=v) for v in values]
         distract = [fmt.format(k=k, K=_cap(k), v=_value(val_kind, rng)) for k in sorted(dis_keys)]
-        hay = rng.choice(("essay", "essay", "noise", "needle", "needle", "squad", "hotpot"))
+        # Both draws below happen only when their share is set, so every earlier seed keeps its documents.
+        if self.needle_essay_share and rng.random() < self.needle_essay_share:
+            hay = "essay"  # long prose is where the default loses needles (docs/notes-model.md, the grid)
+        else:
+            hay = rng.choice(("essay", "essay", "noise", "needle", "needle", "squad", "hotpot"))
+        decoys = []
+        if self.decoy_share and rng.random() < self.decoy_share:
+            for fmt_d in rng.sample(DECOYS, rng.randint(1, 3)):
+                v = _value(val_kind, rng)
+                if not any(v in a or a in v for a in values) and fmt_d.format(v=v) not in decoys:
+                    decoys.append(fmt_d.format(v=v))
         filler = self._filler(hay, rng, fmt, (key_kind, val_kind), dis_keys | {key})
-        chunks, ev_sents = self._layout(rng, n_chunks, filler, gold + distract, n_gold=len(gold))
+        chunks, ev_sents = self._layout(rng, n_chunks, filler, gold + distract + decoys, n_gold=len(gold))
         evidence = [[e for e in per if e in gold] for per in ev_sents]
+        placed = {e for per in ev_sents for e in per}
+        decoys = [d for d in decoys if d in placed]  # _pack may cut a unit placed past the last chunk
         q = rng.choice(QUESTIONS)
         if n_vals > 1:
             q = rng.choice((QUESTIONS[1], "List every {t} given for {k}.", "What are the {T} for {k}?"))
@@ -282,7 +312,7 @@ class NotesTask:
         question = question.replace("{K}", _cap(key)).replace("{k}", key)
         return Sample(id=f"notes-{self.seed}-{index}", question=question, answers=tuple(values), chunks=tuple(chunks),
                       meta={"evidence": evidence, "haystack": hay, "distractors": n_dis, "kind": "needle",
-                            "key": key, "distractor_keys": sorted(dis_keys)})
+                            "key": key, "distractor_keys": sorted(dis_keys), "decoys": decoys})
 
     @staticmethod
     def _hotpot_entry(d: dict) -> tuple | None:
