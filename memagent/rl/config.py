@@ -167,14 +167,10 @@ class TrainConfig:
             raise ConfigError(f"rft_empty_turns must be >= 0 (> 0 needs num_chunks >= 2), got {self.rft_empty_turns}")
         if not 1 <= self.notes_min_chunks <= self.num_chunks:
             raise ConfigError(f"notes_min_chunks must be in [1, num_chunks], got {self.notes_min_chunks}")
-        if not 0 <= self.notes_prose_noise <= 1:
-            raise ConfigError(f"notes_prose_noise must be in [0, 1], got {self.notes_prose_noise}")
         if not self.notes_prose_shapes or set(self.notes_prose_shapes) - set(NOTES_PROSE_SHAPES):
             raise ConfigError(f"notes_prose_shapes must be a non-empty subset of {', '.join(NOTES_PROSE_SHAPES)}, "
                               f"got {list(self.notes_prose_shapes)}")
-        if not 0 <= self.notes_late_share <= 1:
-            raise ConfigError(f"notes_late_share must be in [0, 1], got {self.notes_late_share}")
-        for name in ("notes_needle_essay_share", "notes_decoy_share"):
+        for name in ("notes_prose_noise", "notes_late_share", "notes_needle_essay_share", "notes_decoy_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.sft_first_token_weight <= 0:

@@ -296,9 +296,9 @@ class NotesTask:
             hay = rng.choice(("essay", "essay", "noise", "needle", "needle", "squad", "hotpot"))
         decoys = []
         if self.decoy_share and rng.random() < self.decoy_share:
-            for fmt_d in rng.sample(DECOYS, rng.randint(1, 3)):
+            for fmt_d in rng.sample(DECOYS, rng.randint(1, 3)):  # distinct templates: distinct sentences
                 v = _value(val_kind, rng)
-                if not any(v in a or a in v for a in values) and fmt_d.format(v=v) not in decoys:
+                if not any(v in a or a in v for a in values):
                     decoys.append(fmt_d.format(v=v))
         filler = self._filler(hay, rng, fmt, (key_kind, val_kind), dis_keys | {key})
         chunks, ev_sents = self._layout(rng, n_chunks, filler, gold + distract + decoys, n_gold=len(gold))
