@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 
 from memagent.rl.config import ConfigError  # noqa: E402
 from memagent.rl.engine import TrainError  # noqa: E402
-from memagent.rl.rft import trajectory_record  # noqa: E402
+from memagent.rl.rft import read_trajectory, trajectory_record  # noqa: E402
 from memagent.rl.rollout import score_trajectories  # noqa: E402
 from memagent.rl.tiny import tiny_trainer  # noqa: E402
 
@@ -46,6 +46,19 @@ def test_stored_reads_give_the_same_update_as_the_fresh_batch(tmp_path):
         assert torch.allclose(a[k], b[k], atol=1e-6), k
     rec2 = stored.train_step()  # later steps sample fresh reads
     assert rec2["rollout_rounds"] >= 1
+
+
+def test_a_stored_read_keeps_its_match_and_is_rescored_with_it(tmp_path):
+    t, trajs, _ = collected(tmp_path)
+    x = trajs[0]
+    x.answers, x.reply, x.match = ("ab", "cd"), "\\boxed{ab}", "all"
+    rec = json.loads(json.dumps(trajectory_record(x, 0, "q")))
+    assert read_trajectory(rec, 0, t.config).correct is False  # one of the two asked values
+    rec["reply"] = "\\boxed{ab, cd}"
+    assert read_trajectory(rec, 0, t.config).correct is True
+    del rec["match"]  # reads stored before the field: scored as they were collected, any answer
+    rec["reply"] = "\\boxed{ab}"
+    assert read_trajectory(rec, 0, t.config).correct is True
 
 
 def test_dynamic_sampling_drops_equal_groups_of_stored_reads(tmp_path):

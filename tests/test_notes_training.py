@@ -41,6 +41,16 @@ def test_samples_are_reproducible_and_hold_their_evidence(task, smol_tokenizer):
     assert kinds == {"needle", "qa"} and len(hays) >= 4
 
 
+def test_only_questions_asking_for_several_values_need_all_of_them(task):
+    matches = {}
+    for i in range(200):
+        s = task.sample(i)
+        want = "all" if s.meta["kind"] == "needle" and len(s.answers) > 1 else "any"
+        assert s.match == want, s.id
+        matches[want] = matches.get(want, 0) + 1
+    assert matches["all"] >= 5 and matches["any"] >= 100  # both kinds are drawn
+
+
 def test_distractor_keys_never_reuse_the_asked_key(task):
     n = 0
     for i in range(40):
@@ -332,6 +342,42 @@ def test_essay_needles_and_decoys_aim_a_round_at_prose_and_leave_the_default_doc
     for name in ("notes_needle_essay_share", "notes_decoy_share"):
         with pytest.raises(ConfigError, match=name):
             TrainConfig(task="notes", **{name: 1.5})
+
+
+def test_title_lines_open_the_document_and_leave_the_default_documents_alone(smol_tokenizer):
+    """notes_title_share (DAPO round 14): a heading line opens the first chunk, takes its tokens from the
+    filler, is never evidence, half the time names the question's key or role, and at 0 draws nothing (the
+    same digest as the essay-needle test)."""
+    import hashlib
+    import json
+
+    from memagent.rl.config import ConfigError, TrainConfig
+
+    kw = dict(chunk_tokens=256, max_chunks=2, memory_tokens=64, seed=5, qa_share=0.2, prose_share=0.2)
+    h = hashlib.sha256()
+    for i in range(12):
+        s = NotesTask(smol_tokenizer, title_share=0.0, **kw).sample(i)
+        h.update(json.dumps([s.question, s.answers, s.chunks]).encode())
+    assert h.hexdigest()[:16] == "fd63419209e597f4"
+    titled = NotesTask(smol_tokenizer, title_share=1.0, late_share=1.0, prose_shapes=("role_split",),
+                       **dict(kw, qa_share=0.3, prose_share=0.4))
+    kinds, named = set(), 0
+    for i in range(40):
+        s = titled.sample(i)
+        title = s.meta["title"]
+        kinds.add(s.meta["kind"].split("-")[0])
+        subject = s.meta["key"] if s.meta["kind"] == "needle" else s.question.rstrip("?").split()[-1]
+        named += s.meta["kind"] != "qa" and subject in title  # the title names what the question asks about
+        assert s.chunks[0].startswith(title + "\n\n")
+        assert all(len(smol_tokenizer.encode(c)) <= 256 for c in s.chunks)
+        ev = [e for per in s.meta["evidence"] for e in per]
+        assert ev and title not in ev and all(a.lower() not in title.lower() for a in s.answers)
+        for per, chunk in zip(s.meta["evidence"], s.chunks):
+            assert all(e in chunk for e in per)
+    assert kinds == {"needle", "qa", "prose"} and 5 <= named <= 30
+    assert "title" not in NotesTask(smol_tokenizer, **kw).sample(0).meta
+    with pytest.raises(ConfigError, match="notes_title_share"):
+        TrainConfig(task="notes", notes_title_share=1.5).validate()
 
 
 def test_split_roles_name_the_person_a_sentence_later_among_other_names(smol_tokenizer):

@@ -217,6 +217,20 @@ def test_rewards():
     assert trajectory_reward(t, format_reward=0.1, length_penalty=0.5) == (pytest.approx(0.6), True)
 
 
+def test_a_question_that_asks_for_every_value_is_right_only_with_all_of_them():
+    golds = ("601413280", "378027080")
+    one, both = "\\boxed{601413280}", "\\boxed{601413280, 378027080}"
+    assert score(one, golds) and score(one, golds, match="any")  # aliases: one suffices
+    assert not score(one, golds, match="all") and score(both, golds, match="all")
+    assert score("\\boxed{378027080 and 601413280}", golds, "boxed_em", "all")
+    assert not score(one, golds, "boxed_em", "all") and not score("601413280, 378027080", golds, "boxed_em", "all")
+    t = traj(0, 0.0, [conv(2)])
+    t.reply, t.answers, t.match = one, golds, "all"
+    assert trajectory_reward(t) == (0.0, False)
+    with pytest.raises(ValueError, match="match"):
+        score(one, golds, match="most")
+
+
 # ---- config ---------------------------------------------------------------------------------------
 
 def test_config_file_and_overrides(tmp_path):

@@ -66,6 +66,7 @@ class TrainConfig:
     notes_prose_shapes: list = field(default_factory=lambda: list(NOTES_DEFAULT_SHAPES))  # task notes: shapes drawn
     notes_needle_essay_share: float = 0.0  # task notes: share of needle documents whose haystack is essay prose
     notes_decoy_share: float = 0.0  # task notes: share of needle documents with answer-sounding decoy sentences
+    notes_title_share: float = 0.0  # task notes: share of documents that open with a title line (a look-alike)
     notes_min_chunks: int = 1  # task notes: the fewest chunks a document draws (more: evidence later, empty turns first)
     kv_values: str = "number"  # kv task values: number (4 digits, "access code") | word ("password")
     memory_tokens: int = 64  # cap of every memory update (max_completion_length of update turns)
@@ -170,7 +171,8 @@ class TrainConfig:
         if not self.notes_prose_shapes or set(self.notes_prose_shapes) - set(NOTES_PROSE_SHAPES):
             raise ConfigError(f"notes_prose_shapes must be a non-empty subset of {', '.join(NOTES_PROSE_SHAPES)}, "
                               f"got {list(self.notes_prose_shapes)}")
-        for name in ("notes_prose_noise", "notes_late_share", "notes_needle_essay_share", "notes_decoy_share"):
+        for name in ("notes_prose_noise", "notes_late_share", "notes_needle_essay_share", "notes_decoy_share",
+                     "notes_title_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.sft_first_token_weight <= 0:

@@ -30,6 +30,10 @@ class Sample:
     answers: tuple[str, ...]
     chunks: tuple[str, ...]
     meta: dict = field(default_factory=dict, compare=False)
+    # "any": the answers are aliases and one suffices (QA, one planted value); "all": each is a value the
+    # question asks for ("List every number given for X"), so a reply that names one of two is wrong, as
+    # RULER's string_match_all scores the multi-value needles the reward is meant to prepare for.
+    match: str = "any"
 
     @property
     def context(self) -> str:
@@ -223,5 +227,6 @@ def make_task(config, tokenizer: Tokenizer):
                          min_chunks=config.notes_min_chunks, qa_share=config.notes_qa_share,
                          prose_share=config.notes_prose_share, prose_noise=config.notes_prose_noise,
                          late_share=config.notes_late_share, prose_shapes=config.notes_prose_shapes,
-                         needle_essay_share=config.notes_needle_essay_share, decoy_share=config.notes_decoy_share)
+                         needle_essay_share=config.notes_needle_essay_share, decoy_share=config.notes_decoy_share,
+                         title_share=config.notes_title_share)
     raise ValueError(f"unknown task {config.task!r}")

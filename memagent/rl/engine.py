@@ -437,7 +437,7 @@ def evaluate(backend, reader_template, tokenizer, samples, memory_tokens: int, a
     step = batch or len(samples)
     for i in range(0, len(samples), step):
         trajs += asyncio.run(rollout(backend, reader, samples[i:i + step], 1, seed=seed, keep_tokens=False))
-    correct = [score(t.reply, t.answers, reward) for t in trajs]
+    correct = [score(t.reply, t.answers, reward, t.match) for t in trajs]
     n, k = len(correct), sum(correct)
     p = k / max(n, 1)
     half = 1.96 * math.sqrt(p * (1 - p) / n) if n else 0.0

@@ -76,6 +76,50 @@ DECOYS = (
     "What matters in the end is not the number but the habit of checking it.",
     "The real answer is simpler than it looks: you write it down as soon as you see it.",
 )
+# Title lines for notes_title_share: a heading that names the organisation the questions ask about
+# ("Who was named choir leader?" over "Minutes of the Oakley choir"), the first thing a reader sees and a
+# look-alike answer that never is one. Real documents open with one; the generator's never did.
+TITLE_FORMS = (
+    "Minutes of the {P} {O}, {S} meeting",
+    "{P} {O}: notes from the {S} term",
+    "Annual report of the {P} {O}, {Y}",
+    "A year with the {P} {O}",
+    "The {P} {O} newsletter, {M} edition",
+    "Diary kept for the {P} {O}, {S} {Y}",
+    "Records of the {P} {O} for {Y}",
+    "What happened at the {P} {O} this {S}",
+)
+TITLE_ORGS = ("rowing club", "choir", "allotment society", "chess club", "lifeboat crew", "parish council",
+              "beekeepers' association", "drama group", "cycling club", "museum trust", "sailing club",
+              "bell ringers", "walking group", "film society", "hockey club", "friends of the library",
+              "repair cafe", "residents' association", "mill cooperative", "dig team")
+TITLE_PLACES = (("Ash", "Bram", "Cold", "Elm", "Fen", "Hart", "Kings", "Long", "Marl", "North", "Oak", "Red",
+                 "Stan", "Thorn", "West", "Wych"),
+                ("ford", "bury", "ton", "wick", "ley", "mouth", "field", "combe", "stead", "holm"))
+# Half of the titled documents whose question has a subject (a needle's key, a role) name it in the title
+# instead ("The ward nurse's notebook, spring 1961" over "Who is the ward nurse?"): a heading that shares
+# the question's words and still holds no answer is the strongest look-alike a heading can be.
+SUBJECT_TITLE_FORMS = (
+    "The {s}'s notebook, {S} {Y}",
+    "Papers of the {P} {s}",
+    "Notes on the {s}, {M} {Y}",
+    "The {s}'s report to the {P} {O}",
+    "{P} diary: the {s}'s {S}",
+    "About the {s}: a {S} at {P}",
+)
+SEASONS = ("spring", "summer", "autumn", "winter")
+MONTHS = ("January", "March", "May", "July", "September", "November")
+
+
+def title_lines(rng: random.Random) -> tuple[str, str | None]:
+    """(a title, a title naming the subject with {s} left to fill, or None for the plain one)."""
+    fill = dict(P=rng.choice(TITLE_PLACES[0]) + rng.choice(TITLE_PLACES[1]), O=rng.choice(TITLE_ORGS),
+                S=rng.choice(SEASONS), M=rng.choice(MONTHS), Y=rng.randint(1950, 2025))
+    plain = rng.choice(TITLE_FORMS).format(**fill)
+    named = rng.choice(SUBJECT_TITLE_FORMS).format(s="{s}", **fill) if rng.random() < 0.5 else None
+    return plain, named
+
+
 KINDS = {  # value kind -> (singular names, plural names)
     "numbers": (("number", "code", "PIN"), ("numbers", "codes", "PINs")),
     "words": (("word", "password"), ("words", "passwords")),
@@ -135,13 +179,15 @@ class NotesTask:
                  seed: int = 0, min_chunks: int = 1, qa_share: float = 0.25, prose_share: float = 0.0,
                  prose_noise: float = 0.0, late_share: float = 0.0,
                  prose_shapes: tuple[str, ...] = NOTES_DEFAULT_SHAPES, needle_essay_share: float = 0.0,
-                 decoy_share: float = 0.0):
+                 decoy_share: float = 0.0, title_share: float = 0.0):
         if not prose_shapes or set(prose_shapes) - set(NOTES_PROSE_SHAPES):
             raise ValueError(f"prose_shapes must be a non-empty subset of {NOTES_PROSE_SHAPES}, got {prose_shapes!r}")
         self.prose_shapes = tuple(prose_shapes)
         self.tok, self.chunk_tokens, self.max_chunks = tokenizer, chunk_tokens, max_chunks
         self.prose_share, self.prose_noise, self.late_share = prose_share, prose_noise, late_share
-        self.needle_essay_share, self.decoy_share = needle_essay_share, decoy_share
+        self.needle_essay_share, self.decoy_share, self.title_share = needle_essay_share, decoy_share, title_share
+        self._titles = None  # title_lines() of the sample being drawn (sample() draws, _layout places one)
+        self._placed_title = None
         self.min_chunks, self.memory_tokens, self.seed, self.qa_share = min_chunks, memory_tokens, seed, qa_share
         self._pools: dict = {}
 
@@ -219,7 +265,7 @@ class NotesTask:
             evidence.append(cur_ev)
         return chunks, evidence
 
-    def _layout(self, rng, n_chunks, filler, planted: list[str], n_gold: int = 0):
+    def _layout(self, rng, n_chunks, filler, planted: list[str], n_gold: int = 0, subject: str | None = None):
         """(chunks, per-chunk planted sentences): filler with `planted` at random positions. For a
         `late_share` of the documents of 2+ chunks, the first `n_gold` planted sentences (the evidence)
         all go in the last chunk and the rest (look-alikes) in the chunks before it.
@@ -228,18 +274,26 @@ class NotesTask:
         later chunk is right whenever the evidence comes first, which a random layout makes common; only
         documents whose evidence comes last make keeping the first guess a wrong read (docs/notes-model.md,
         round 5: 61 of 80 reads copied chunk 1's notes unchanged). At 0 no number is drawn, so the
-        documents of every earlier seed stay the same documents."""
+        documents of every earlier seed stay the same documents. `subject` (what the question asks about)
+        may name a title (notes_title_share)."""
+        title = None
+        if self._titles:
+            plain, named = self._titles
+            title = named.format(s=subject) if named and subject else plain
+            self._placed_title = title
         if n_gold and n_chunks > 1 and self.late_share and rng.random() < self.late_share:
-            early, early_ev = self._spread(rng, n_chunks - 1, filler, planted[n_gold:])
+            early, early_ev = self._spread(rng, n_chunks - 1, filler, planted[n_gold:], title)
             last, last_ev = self._spread(rng, 1, filler, planted[:n_gold])
             return early + last, early_ev + last_ev
-        return self._spread(rng, n_chunks, filler, planted)
+        return self._spread(rng, n_chunks, filler, planted, title)
 
-    def _spread(self, rng, n_chunks, filler, planted: list[str]) -> tuple[list[str], list[list[str]]]:
-        """Filler units for n_chunks chunks with the planted sentences at random unit positions.
-        Each unit is tokenized once; its count travels with it into _pack."""
+    def _spread(self, rng, n_chunks, filler, planted: list[str], title: str | None = None):
+        """Filler units for n_chunks chunks with the planted sentences at random unit positions, after
+        `title` (a heading line) when one is given. Each unit is tokenized once; its count travels with it
+        into _pack, so a title takes its tokens from the filler and every chunk keeps its budget."""
         budget = n_chunks * self.chunk_tokens
-        units, used = [], 0
+        head = [(title, "\n\n", False, self.ntok(title + "\n\n"))] if title else []
+        units, used = [], sum(u[3] for u in head)
         planted_cost = sum(self.ntok(p) + 1 for p in planted)
         while used + planted_cost < budget * 0.97:
             text, sep = next(filler)
@@ -249,21 +303,31 @@ class NotesTask:
         sep = "\n" if all(u[1] == "\n" for u in units) else " "
         for p in planted:
             units.insert(rng.randint(0, len(units)), (p, sep, True, self.ntok(p + sep)))
-        return self._pack(units, n_chunks)
+        return self._pack(head + units, n_chunks)
 
     # ---- samples -----------------------------------------------------------------------------------
 
     def sample(self, index: int) -> Sample:
         for attempt in range(50):
             rng = random.Random(f"notes:{self.seed}:{index}:{attempt}")
+            # The title draws from its own stream, so a document with a title is the same document under
+            # it, and at 0 the documents of every earlier seed stay the same documents.
+            title_rng = random.Random(f"notes-title:{self.seed}:{index}:{attempt}")
+            titled = self.title_share and title_rng.random() < self.title_share
+            self._titles, self._placed_title = (title_lines(title_rng) if titled else None), None
             n_chunks = rng.randint(self.min_chunks, self.max_chunks)
             r = rng.random()
-            if r < self.qa_share:
-                s = self._qa(rng, n_chunks, index)
-            elif r < self.qa_share + self.prose_share:
-                s = prose_fact(self, rng, n_chunks, index)
-            else:
-                s = self._needle(rng, n_chunks, index)
+            try:
+                if r < self.qa_share:
+                    s = self._qa(rng, n_chunks, index)
+                elif r < self.qa_share + self.prose_share:
+                    s = prose_fact(self, rng, n_chunks, index)
+                else:
+                    s = self._needle(rng, n_chunks, index)
+            finally:
+                title, self._titles, self._placed_title = self._placed_title, None, None
+            if s is not None and title:
+                s.meta["title"] = title
             if s is not None and self._fits(s):
                 return s
         raise RuntimeError(f"notes task: no sample fits for index {index}")
@@ -301,7 +365,8 @@ class NotesTask:
                 if not any(v in a or a in v for a in values):
                     decoys.append(fmt_d.format(v=v))
         filler = self._filler(hay, rng, fmt, (key_kind, val_kind), dis_keys | {key})
-        chunks, ev_sents = self._layout(rng, n_chunks, filler, gold + distract + decoys, n_gold=len(gold))
+        chunks, ev_sents = self._layout(rng, n_chunks, filler, gold + distract + decoys, n_gold=len(gold),
+                                        subject=key)
         evidence = [[e for e in per if e in gold] for per in ev_sents]
         placed = {e for per in ev_sents for e in per}
         decoys = [d for d in decoys if d in placed]  # _pack may cut a unit placed past the last chunk
@@ -312,7 +377,8 @@ class NotesTask:
         question = question.replace("{K}", _cap(key)).replace("{k}", key)
         return Sample(id=f"notes-{self.seed}-{index}", question=question, answers=tuple(values), chunks=tuple(chunks),
                       meta={"evidence": evidence, "haystack": hay, "distractors": n_dis, "kind": "needle",
-                            "key": key, "distractor_keys": sorted(dis_keys), "decoys": decoys})
+                            "key": key, "distractor_keys": sorted(dis_keys), "decoys": decoys},
+                      match="all" if n_vals > 1 else "any")
 
     @staticmethod
     def _hotpot_entry(d: dict) -> tuple | None:

@@ -242,7 +242,9 @@ def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
     else:
         hay = rng.choice(("essay", "essay", "squad", "hotpot"))
     filler = task._filler(hay, rng, "", ("words", "numbers"), set())
-    chunks, ev_sents = task._layout(rng, n_chunks, filler, gold + distract, n_gold=len(gold))
+    subject = next((question[len(q.split("{r}")[0]):-len(q.split("{r}")[1])] for q in ROLE_QUESTIONS
+                    if shape.startswith("role") and question.startswith(q.split("{r}")[0])), None)
+    chunks, ev_sents = task._layout(rng, n_chunks, filler, gold + distract, n_gold=len(gold), subject=subject)
     evidence = [[e for e in per if e in gold] for per in ev_sents]
     placed = {e for per in ev_sents for e in per}
     distract = [d for d in distract if d in placed]  # _pack may cut a unit placed past the last chunk

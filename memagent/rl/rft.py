@@ -67,8 +67,8 @@ def rounds_done(path: Path) -> set[int]:
 
 def trajectory_record(traj, round_: int, question: str) -> dict:
     return {"round": round_, "sample_id": traj.sample_id, "group": traj.group, "generation": traj.generation,
-            "question": question, "answers": list(traj.answers), "reply": traj.reply, "correct": traj.correct,
-            "reward": traj.reward, "memories": traj.memories,
+            "question": question, "answers": list(traj.answers), "match": traj.match, "reply": traj.reply,
+            "correct": traj.correct, "reward": traj.reward, "memories": traj.memories,
             "conversations": [{"kind": c.kind, "prompt_ids": c.prompt_ids, "response_ids": c.response_ids,
                                "logprobs": c.logprobs, "finished": c.finished} for c in traj.conversations]}
 
@@ -86,7 +86,7 @@ def read_trajectory(read: dict, group: int, config: TrainConfig):
              for c in read["conversations"]]
     t = Trajectory(sample_id=read["sample_id"], group=group, generation=int(read["generation"]), conversations=convs,
                    reply=read["reply"], answer=extract_answer(read["reply"]), answers=tuple(read["answers"]),
-                   memories=list(read.get("memories") or []))
+                   memories=list(read.get("memories") or []), match=read.get("match", "any"))
     score_trajectories([t], config)
     return t
 

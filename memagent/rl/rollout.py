@@ -55,6 +55,7 @@ class Trajectory:
     reward: float = 0.0
     correct: bool = False
     memories: list[str] = field(default_factory=list)  # memory after each chunk (for logs and eval)
+    match: str = "any"  # the sample's: "any" answer suffices, or "all" of them are asked for (data.Sample)
 
     @property
     def truncated(self) -> int:
@@ -71,21 +72,29 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
-def score(reply: str, answers: tuple[str, ...], kind: str = "sub_em") -> bool:
+def score(reply: str, answers: tuple[str, ...], kind: str = "sub_em", match: str = "any") -> bool:
     """`sub_em`: a normalised gold answer occurs in the normalised extracted answer (MemAgent's eval
     metric). `boxed_em`: the last \\boxed{} exists and equals a gold answer after normalisation (the
-    strict verifier MemAgent trained with)."""
+    strict verifier MemAgent trained with). With `match="all"` every gold must be there: under sub_em
+    each occurs in the answer, under boxed_em each occurs in the boxed text (a list has no one form)."""
+    if match not in ("any", "all"):
+        raise ValueError(f"match must be 'any' or 'all', got {match!r}")
+    golds = [g for g in map(normalize_answer, answers) if g]
     if kind == "boxed_em":
         boxed = extract_boxed(reply)
-        return boxed is not None and any(normalize_answer(boxed) == normalize_answer(a) for a in answers)
+        if boxed is None:
+            return False
+        if match == "all":
+            return bool(golds) and all(g in normalize_answer(boxed) for g in golds)
+        return any(normalize_answer(boxed) == normalize_answer(a) for a in answers)
     pred = normalize_answer(extract_answer(reply))
-    return any(normalize_answer(a) and normalize_answer(a) in pred for a in answers)
+    return bool(golds) and (all if match == "all" else any)(g in pred for g in golds)
 
 
 def trajectory_reward(traj: Trajectory, kind: str = "sub_em", format_reward: float = 0.0,
                       length_penalty: float = 0.0) -> tuple[float, bool]:
     """Reward on the final answer only; the optional terms are off by default."""
-    correct = score(traj.reply, traj.answers, kind)
+    correct = score(traj.reply, traj.answers, kind, traj.match)
     r = float(correct)
     if format_reward and extract_boxed(traj.reply) is not None:
         r += format_reward
@@ -153,7 +162,7 @@ async def rollout(backend: Backend, reader: Reader, samples: list[Sample], num_g
         k, g = jobs[j]
         out.append(Trajectory(sample_id=samples[k].id, group=group_offset + k, generation=g,
                               conversations=convs[j], reply=state.reply or "", answer=state.answer or "",
-                              answers=samples[k].answers, memories=memories[j]))
+                              answers=samples[k].answers, memories=memories[j], match=samples[k].match))
     return out
 
 
