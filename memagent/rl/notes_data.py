@@ -76,9 +76,9 @@ DECOYS = (
     "What matters in the end is not the number but the habit of checking it.",
     "The real answer is simpler than it looks: you write it down as soon as you see it.",
 )
-# Title lines for notes_title_share: a heading that names the organisation the questions ask about
-# ("Who was named choir leader?" over "Minutes of the Oakley choir"), the first thing a reader sees and a
-# look-alike answer that never is one. Real documents open with one; the generator's never did.
+# Title lines for notes_title_share: a heading such as "Minutes of the Oakley choir, spring meeting", the
+# first thing a reader sees and, over "Who was named choir leader?", a look-alike answer that never is one.
+# Real documents open with one; the generator's never did (DAPO round 14, docs/notes-model.md).
 TITLE_FORMS = (
     "Minutes of the {P} {O}, {S} meeting",
     "{P} {O}: notes from the {S} term",
@@ -310,8 +310,9 @@ class NotesTask:
     def sample(self, index: int) -> Sample:
         for attempt in range(50):
             rng = random.Random(f"notes:{self.seed}:{index}:{attempt}")
-            # The title draws from its own stream, so a document with a title is the same document under
-            # it, and at 0 the documents of every earlier seed stay the same documents.
+            # The title draws from its own stream, so at 0 nothing is drawn and the documents of every
+            # earlier seed stay the same documents. It is drawn here, before the kind, because all three
+            # generators lay out through _layout, which places it (the generator may give the subject).
             title_rng = random.Random(f"notes-title:{self.seed}:{index}:{attempt}")
             titled = self.title_share and title_rng.random() < self.title_share
             self._titles, self._placed_title = (title_lines(title_rng) if titled else None), None
