@@ -402,8 +402,8 @@ def test_split_roles_name_the_person_a_sentence_later_among_other_names(smol_tok
                         for d in s.meta["distractor_facts"])
     assert mentions >= 10
     for seed in range(20000):  # 9 of these seeds (2994 the first) once drew a boat named like the answer
-        gold, distract, _, (name,) = notes_prose._role_split(random.Random(seed))
-        assert not any(name in d for d in distract), seed
+        gold, distract, _, (name,), role = notes_prose._role_split(random.Random(seed))
+        assert not any(name in d for d in distract) and role in gold[0].lower(), seed
 
 
 def test_prose_facts_never_use_the_held_out_wordings(prose_task):

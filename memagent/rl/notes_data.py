@@ -187,7 +187,6 @@ class NotesTask:
         self.prose_share, self.prose_noise, self.late_share = prose_share, prose_noise, late_share
         self.needle_essay_share, self.decoy_share, self.title_share = needle_essay_share, decoy_share, title_share
         self._titles = None  # title_lines() of the sample being drawn (sample() draws, _layout places one)
-        self._placed_title = None
         self.min_chunks, self.memory_tokens, self.seed, self.qa_share = min_chunks, memory_tokens, seed, qa_share
         self._pools: dict = {}
 
@@ -280,7 +279,6 @@ class NotesTask:
         if self._titles:
             plain, named = self._titles
             title = named.format(s=subject) if named and subject else plain
-            self._placed_title = title
         if n_gold and n_chunks > 1 and self.late_share and rng.random() < self.late_share:
             early, early_ev = self._spread(rng, n_chunks - 1, filler, planted[n_gold:], title)
             last, last_ev = self._spread(rng, 1, filler, planted[:n_gold])
@@ -315,7 +313,7 @@ class NotesTask:
             # generators lay out through _layout, which places it (the generator may give the subject).
             title_rng = random.Random(f"notes-title:{self.seed}:{index}:{attempt}")
             titled = self.title_share and title_rng.random() < self.title_share
-            self._titles, self._placed_title = (title_lines(title_rng) if titled else None), None
+            self._titles = title_lines(title_rng) if titled else None
             n_chunks = rng.randint(self.min_chunks, self.max_chunks)
             r = rng.random()
             try:
@@ -326,9 +324,9 @@ class NotesTask:
                 else:
                     s = self._needle(rng, n_chunks, index)
             finally:
-                title, self._titles, self._placed_title = self._placed_title, None, None
-            if s is not None and title:
-                s.meta["title"] = title
+                titled, self._titles = self._titles, None
+            if s is not None and titled:
+                s.meta["title"] = s.chunks[0].split("\n\n", 1)[0]  # _spread puts it first, then a blank line
             if s is not None and self._fits(s):
                 return s
         raise RuntimeError(f"notes task: no sample fits for index {index}")

@@ -183,7 +183,7 @@ def _attr(rng: random.Random) -> tuple[list[str], list[str], str, tuple[str, ...
         if (a2, e2) not in seen:
             seen.add((a2, e2))
             distract.append(say(fmt if rng.random() < 0.5 else rng.choice(ATTR_FACTS), a2, e2, _value(kind2, rng)))
-    return [say(fmt, a, e, v)], distract, rng.choice(ATTR_QUESTIONS).format(a=a, e=e), (v,)
+    return [say(fmt, a, e, v)], distract, rng.choice(ATTR_QUESTIONS).format(a=a, e=e), (v,), None
 
 
 def _role(rng: random.Random):
@@ -191,7 +191,7 @@ def _role(rng: random.Random):
     names = rng.sample([f"{f} {l}" for f in rng.sample(_FIRST, 6) for l in rng.sample(_LAST, 4)], len(roles))
     facts = [rng.choice(ROLE_FACTS).format(r=r, n=n) for r, n in zip(roles, names)]
     facts = [_cap(f) for f in facts]
-    return facts[:1], facts[1:], rng.choice(ROLE_QUESTIONS).format(r=roles[0]), (names[0],)
+    return facts[:1], facts[1:], rng.choice(ROLE_QUESTIONS).format(r=roles[0]), (names[0],), roles[0]
 
 
 def _role_split(rng: random.Random):
@@ -208,7 +208,7 @@ def _role_split(rng: random.Random):
         mentions.append(_cap(m.format(f=f, l=l, t=t, n=n)))
     distract = others + mentions
     rng.shuffle(distract)
-    return [gold], distract, rng.choice(ROLE_QUESTIONS).format(r=roles[0]), (people[0],)
+    return [gold], distract, rng.choice(ROLE_QUESTIONS).format(r=roles[0]), (people[0],), roles[0]
 
 
 def _extreme(rng: random.Random):
@@ -221,7 +221,7 @@ def _extreme(rng: random.Random):
     gold = _cap(rng.choice(EXTREME_FACTS).format(v=f"{v} {unit}", **fill))
     days = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
     distract = [_cap(rng.choice(READING).format(v=f"{o} {unit}", day=rng.choice(days), **fill)) for o in others]
-    return [gold], distract, rng.choice(EXTREME_QUESTIONS).format(**fill), (f"{v} {unit}",)
+    return [gold], distract, rng.choice(EXTREME_QUESTIONS).format(**fill), (f"{v} {unit}",), None
 
 
 def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
@@ -232,7 +232,8 @@ def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
     # the one shape its reads fail on, e.g. roles in DAPO round 7. role_split is opt-in (not in the default
     # shapes), so the default draws the same documents as before it existed.
     shape = rng.choice([s for s in ("attr", "attr", "role", "extreme", "role_split") if s in task.prose_shapes])
-    gold, distract, question, answers = {"attr": _attr, "role": _role, "extreme": _extreme,
+    # `subject`: the role a role question asks about, which a title may name (notes_title_share).
+    gold, distract, question, answers, subject = {"attr": _attr, "role": _role, "extreme": _extreme,
                                          "role_split": _role_split}[shape](rng)
     # Why noise haystacks are opt-in here: a model that only ever met "The grass is green." around needles
     # learned to keep any short "The X is Y" sentence (docs/notes-model.md, stage 2). At 0 no random number
@@ -242,8 +243,6 @@ def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
     else:
         hay = rng.choice(("essay", "essay", "squad", "hotpot"))
     filler = task._filler(hay, rng, "", ("words", "numbers"), set())
-    subject = next((question[len(q.split("{r}")[0]):-len(q.split("{r}")[1])] for q in ROLE_QUESTIONS
-                    if shape.startswith("role") and question.startswith(q.split("{r}")[0])), None)
     chunks, ev_sents = task._layout(rng, n_chunks, filler, gold + distract, n_gold=len(gold), subject=subject)
     evidence = [[e for e in per if e in gold] for per in ev_sents]
     placed = {e for per in ev_sents for e in per}

@@ -84,11 +84,10 @@ def score(reply: str, answers: tuple[str, ...], kind: str = "sub_em", match: str
         boxed = extract_boxed(reply)
         if boxed is None:
             return False
-        if match == "all":
-            return bool(golds) and all(g in normalize_answer(boxed) for g in golds)
-        return any(normalize_answer(boxed) == normalize_answer(a) for a in answers)
-    pred = normalize_answer(extract_answer(reply))
-    return bool(golds) and (all if match == "all" else any)(g in pred for g in golds)
+        pred, exact = normalize_answer(boxed), match == "any"
+    else:
+        pred, exact = normalize_answer(extract_answer(reply)), False
+    return bool(golds) and (all if match == "all" else any)(g == pred if exact else g in pred for g in golds)
 
 
 def trajectory_reward(traj: Trajectory, kind: str = "sub_em", format_reward: float = 0.0,
