@@ -380,6 +380,31 @@ def test_title_lines_open_the_document_and_leave_the_default_documents_alone(smo
         TrainConfig(task="notes", notes_title_share=1.5).validate()
 
 
+def test_word_titles_share_one_word_with_the_role_and_leave_earlier_titles_alone(smol_tokenizer):
+    """notes_title_word_share (DAPO round 16): a title naming the subject may keep only its last word
+    ("The Porter's Book, ..." over "Who is the night porter?"), never the answer; at 0 every title is the one
+    drawn before the knob existed."""
+    from memagent.rl import notes_prose
+    from memagent.rl.config import ConfigError, TrainConfig
+
+    kw = dict(chunk_tokens=256, max_chunks=2, memory_tokens=64, seed=9, qa_share=0.0, prose_share=1.0,
+              prose_shapes=("role_told",), title_share=1.0)
+    plain, word = NotesTask(smol_tokenizer, **kw), NotesTask(smol_tokenizer, title_word_share=1.0, **kw)
+    worded = 0
+    for i in range(30):
+        a, b = plain.sample(i), word.sample(i)
+        role = max((r for r in notes_prose.ROLES if r in b.question), key=len)
+        head = role.split()[-1].capitalize()
+        assert b.answers[0] not in b.meta["title"]
+        if a.meta["title"] != b.meta["title"]:  # only a title that named the subject changes
+            assert role in a.meta["title"] and head in b.meta["title"] and role not in b.meta["title"]
+            worded += 1
+        assert (a.question, a.answers, a.meta["evidence"]) == (b.question, b.answers, b.meta["evidence"])
+    assert worded >= 8
+    with pytest.raises(ConfigError, match="notes_title_word_share"):
+        TrainConfig(task="notes", notes_title_word_share=-0.1).validate()
+
+
 def test_split_roles_name_the_person_a_sentence_later_among_other_names(smol_tokenizer):
     """role_split (DAPO round 9): the asked role's sentence never holds the name, the next one does, and the
     distractors hold other names (other roles' people, ships, inns, visitors) but never the answer."""
@@ -406,6 +431,31 @@ def test_split_roles_name_the_person_a_sentence_later_among_other_names(smol_tok
         assert not any(name in d for d in distract) and role in gold[0].lower(), seed
 
 
+def test_told_roles_give_finished_news_first_and_the_name_only_after_it(smol_tokenizer):
+    """role_told (DAPO round 15): the asked role's first sentence is whole news with a coach, a date or a town
+    and no name; the name comes in the next sentence, which goes on past it; no distractor holds the name."""
+    from memagent.rl import notes_prose
+
+    t = NotesTask(smol_tokenizer, chunk_tokens=256, max_chunks=2, memory_tokens=64, seed=7, qa_share=0.0,
+                  prose_share=1.0, prose_shapes=("role_told",))
+    tails = 0
+    for i in range(30):
+        s = t.sample(i)
+        assert s.meta["kind"] == "prose-role_told"
+        (gold,) = [e for per in s.meta["evidence"] for e in per]
+        first, second = gold.split(". ", 1)
+        name = s.answers[0]
+        assert name not in first and name in second and name in " ".join(s.chunks)
+        assert max((r for r in notes_prose.ROLES if r in s.question), key=len) in first
+        assert any(v in first for v in notes_prose._VEHICLES + notes_prose._TOWNS) or " by " in first
+        tails += len(second.split(name, 1)[1]) > 20
+        for d in s.meta["distractor_facts"]:
+            assert name not in d and d in " ".join(s.chunks)
+    assert tails >= 15
+    assert "prose-role_told" not in {NotesTask(smol_tokenizer, seed=7, prose_share=1.0, prose_shapes=(
+        "attr", "role", "extreme", "role_split")).sample(i).meta["kind"] for i in range(40)}
+
+
 def test_prose_facts_never_use_the_held_out_wordings(prose_task):
     """The demo document's measure and role and the planted-fact benchmark's attribute stay out of the
     training facts and questions, so those cells measure transfer."""
@@ -413,6 +463,7 @@ def test_prose_facts_never_use_the_held_out_wordings(prose_task):
 
     vocab = " ".join(map(str, [notes_prose.ATTRS, notes_prose.ATTR_FACTS, notes_prose.ROLES, notes_prose.ROLE_FACTS,
                                notes_prose.ROLE_SPLIT_FACTS, notes_prose.NAME_MENTIONS,
+                               notes_prose.ROLE_TOLD_NEWS, notes_prose.ROLE_TOLD_NAMES,
                                notes_prose.MEASURES, notes_prose.RECORDS, notes_prose.EXTREME_FACTS,
                                notes_prose.READING])).lower()
     for word in ("access code", "barometer", "keeper", "ledger", "red ink"):

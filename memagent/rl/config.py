@@ -32,8 +32,9 @@ class ConfigError(ValueError):
 
 
 # The prose fact shapes rl/notes_prose.py can draw; one list for the config's check and the generator's.
-# role_split (a role named a sentence before its person, among other names) is drawn only when asked for.
-NOTES_PROSE_SHAPES = ("attr", "role", "extreme", "role_split")
+# role_split (a role named a sentence before its person, among other names) and role_told (the same after a
+# role sentence that sounds finished) are drawn only when asked for.
+NOTES_PROSE_SHAPES = ("attr", "role", "extreme", "role_split", "role_told")
 NOTES_DEFAULT_SHAPES = ("attr", "role", "extreme")
 
 
@@ -67,6 +68,7 @@ class TrainConfig:
     notes_needle_essay_share: float = 0.0  # task notes: share of needle documents whose haystack is essay prose
     notes_decoy_share: float = 0.0  # task notes: share of needle documents with answer-sounding decoy sentences
     notes_title_share: float = 0.0  # task notes: share of documents that open with a title line (a look-alike)
+    notes_title_word_share: float = 0.0  # task notes: share of subject titles naming only its last word
     notes_min_chunks: int = 1  # task notes: the fewest chunks a document draws (more: evidence later, empty turns first)
     kv_values: str = "number"  # kv task values: number (4 digits, "access code") | word ("password")
     memory_tokens: int = 64  # cap of every memory update (max_completion_length of update turns)
@@ -172,7 +174,7 @@ class TrainConfig:
             raise ConfigError(f"notes_prose_shapes must be a non-empty subset of {', '.join(NOTES_PROSE_SHAPES)}, "
                               f"got {list(self.notes_prose_shapes)}")
         for name in ("notes_prose_noise", "notes_late_share", "notes_needle_essay_share", "notes_decoy_share",
-                     "notes_title_share"):
+                     "notes_title_share", "notes_title_word_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.sft_first_token_weight <= 0:

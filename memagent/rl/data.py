@@ -228,5 +228,5 @@ def make_task(config, tokenizer: Tokenizer):
                          prose_share=config.notes_prose_share, prose_noise=config.notes_prose_noise,
                          late_share=config.notes_late_share, prose_shapes=config.notes_prose_shapes,
                          needle_essay_share=config.notes_needle_essay_share, decoy_share=config.notes_decoy_share,
-                         title_share=config.notes_title_share)
+                         title_share=config.notes_title_share, title_word_share=config.notes_title_word_share)
     raise ValueError(f"unknown task {config.task!r}")

@@ -107,16 +107,32 @@ SUBJECT_TITLE_FORMS = (
     "{P} diary: the {s}'s {S}",
     "About the {s}: a {S} at {P}",
 )
+# An opt-in share (notes_title_word_share) of those titles keep only the subject's last word, as part of a
+# book's or a place's name ("The Porter's Book, Hartford, 1961" over "Who is the night porter?"): a heading
+# that shares one word with the question is the look-alike rounds 13-15 kept as a role's notes on the README
+# demo, while the full-subject titles above were already passed over (docs/notes-model.md, round 16).
+WORD_TITLE_FORMS = (
+    "The {W}'s Book, {P}, {Y}",
+    "{W}'s Journal from {P}, {S} {Y}",
+    "Log of the {W}s' Hut at {P}, {M} {Y}",
+    "The {P} {W}s' Association: {S} news",
+    "Letters to the {W}, {P} {Y}",
+    "The {W}'s Log of {P}, {S} season",
+)
 SEASONS = ("spring", "summer", "autumn", "winter")
 MONTHS = ("January", "March", "May", "July", "September", "November")
 
 
-def title_lines(rng: random.Random) -> tuple[str, str | None]:
-    """(a title, a title naming the subject with {s} left to fill, or None for the plain one)."""
+def title_lines(rng: random.Random, word_share: float = 0.0) -> tuple[str, str | None]:
+    """(a title, a title naming the subject with {s} or its last word {W} left to fill, or None for the plain
+    one). The word form is drawn after everything else and only when word_share > 0, so at 0 every earlier
+    seed draws the same titles."""
     fill = dict(P=rng.choice(TITLE_PLACES[0]) + rng.choice(TITLE_PLACES[1]), O=rng.choice(TITLE_ORGS),
                 S=rng.choice(SEASONS), M=rng.choice(MONTHS), Y=rng.randint(1950, 2025))
     plain = rng.choice(TITLE_FORMS).format(**fill)
     named = rng.choice(SUBJECT_TITLE_FORMS).format(s="{s}", **fill) if rng.random() < 0.5 else None
+    if named and word_share and rng.random() < word_share:
+        named = rng.choice(WORD_TITLE_FORMS).format(W="{W}", **fill)
     return plain, named
 
 
@@ -179,13 +195,14 @@ class NotesTask:
                  seed: int = 0, min_chunks: int = 1, qa_share: float = 0.25, prose_share: float = 0.0,
                  prose_noise: float = 0.0, late_share: float = 0.0,
                  prose_shapes: tuple[str, ...] = NOTES_DEFAULT_SHAPES, needle_essay_share: float = 0.0,
-                 decoy_share: float = 0.0, title_share: float = 0.0):
+                 decoy_share: float = 0.0, title_share: float = 0.0, title_word_share: float = 0.0):
         if not prose_shapes or set(prose_shapes) - set(NOTES_PROSE_SHAPES):
             raise ValueError(f"prose_shapes must be a non-empty subset of {NOTES_PROSE_SHAPES}, got {prose_shapes!r}")
         self.prose_shapes = tuple(prose_shapes)
         self.tok, self.chunk_tokens, self.max_chunks = tokenizer, chunk_tokens, max_chunks
         self.prose_share, self.prose_noise, self.late_share = prose_share, prose_noise, late_share
         self.needle_essay_share, self.decoy_share, self.title_share = needle_essay_share, decoy_share, title_share
+        self.title_word_share = title_word_share
         self._titles = None  # title_lines() of the sample being drawn (sample() draws, _layout places one)
         self.min_chunks, self.memory_tokens, self.seed, self.qa_share = min_chunks, memory_tokens, seed, qa_share
         self._pools: dict = {}
@@ -278,7 +295,10 @@ class NotesTask:
         title = None
         if self._titles:
             plain, named = self._titles
-            title = named.format(s=subject) if named and subject else plain
+            word = subject.split()[-1] if subject else ""
+            if named and "{W}" in named and not word.isalpha():  # "Letters to the 7834750" reads as nonsense
+                named = None
+            title = named.format(s=subject, W=_cap(word)) if named and subject else plain
         if n_gold and n_chunks > 1 and self.late_share and rng.random() < self.late_share:
             early, early_ev = self._spread(rng, n_chunks - 1, filler, planted[n_gold:], title)
             last, last_ev = self._spread(rng, 1, filler, planted[:n_gold])
@@ -313,7 +333,7 @@ class NotesTask:
             # generators lay out through _layout, which places it (the generator may give the subject).
             title_rng = random.Random(f"notes-title:{self.seed}:{index}:{attempt}")
             titled = self.title_share and title_rng.random() < self.title_share
-            self._titles = title_lines(title_rng) if titled else None
+            self._titles = title_lines(title_rng, self.title_word_share) if titled else None
             n_chunks = rng.randint(self.min_chunks, self.max_chunks)
             r = rng.random()
             try:

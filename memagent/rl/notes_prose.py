@@ -13,6 +13,8 @@ skill (keep the asked fact, drop look-alike facts about other things) is drawn i
   roles) or the measure (other readings that are not the extreme);
 * on request only (shape role_split), a role whose person is named a sentence later, among names that are
   no person in the asked role (a ship, an inn, a visitor);
+* on request only (shape role_told), the same, but the role's sentence is long and sounds finished (a
+  coach, a date, a town) and the name's sentence runs on past the name;
 * questions phrased several ways.
 
 Held out on purpose (never drawn here): the planted-fact benchmark's attribute ("access code"), and the
@@ -96,6 +98,34 @@ ROLE_SPLIT_FACTS = tuple(f for f in ROLE_FACTS if f.count(". ") == 1 and f.index
     "Our {r} leaves us in the spring. The one taking over, they say, is {n}.",
     "A new {r} has been found. She is {n}, and she has done the work for years.",
 )
+# role_told: a role's sentence that reads as a whole piece of news (how and when the person comes, from
+# where) and only then a sentence that names them and runs on. A note that stops after the first sentence,
+# or keeps its coach, date or town as the answer, has lost the name (DAPO round 14 on the README demo).
+ROLE_TOLD_NEWS = (
+    "The {r} is expected on the {v} on {d}.",
+    "A new {r} will reach us with the {v} some time around {d}.",
+    "The {r} we were promised is coming over from {t} on the {v}.",
+    "Nothing can be settled until the new {r} gets here on the {v}, which should be {d}.",
+    "The post of {r} has stood empty since the spring, but the board writes that it will be filled by {d}.",
+    "Our next {r} should arrive by {d}, travelling up from {t} with two trunks and a bicycle.",
+    "The {r} is to come out to us on the {v}, weather allowing, on {d}.",
+    "We have word at last about the {r}: the {v} brings them from {t} on {d}.",
+)
+ROLE_TOLD_NAMES = (
+    "Rumour has it she is {n}, who spent {k} years in {t2} and brings her own tools.",
+    "The letter gives his name as {n}, formerly of {t2}, a man who is said never to take a day off.",
+    "Her name, so the carter says, is {n}; she ran the office at {t2} for {k} winters.",
+    "{n} is the name on the papers, and by all accounts he plays the fiddle badly.",
+    "All we know is that she is called {n} and that she has asked for a room with a view of the water.",
+    "They tell me his name is {n}, that he trained in {t2}, and that he cannot abide cats.",
+    "It is to be {n}, late of {t2}, whose last employer wrote three pages in praise of her.",
+    "The name we were given is {n}; he comes from {t2} with a good word from his last post.",
+    "She signs her letters {n}, and she has already sent ahead a crate of books.",
+)
+_VEHICLES = ("evening coach", "mail steamer", "market cart", "Thursday ferry", "first train", "carrier's wagon",
+             "packet boat", "night bus")
+_DAYS = ("the first of {m}", "the third of {m}", "the last day of {m}", "the second Monday in {m}",
+         "the fourteenth", "the morning tide next week", "the end of the month")
 # Names that are not the asked person: a ship, an inn, a lane, a dog, a person in no role. The notes must
 # tell the asked role's person from every other name in the text (round 8 wrote a ship's name instead).
 NAME_MENTIONS = (
@@ -211,6 +241,27 @@ def _role_split(rng: random.Random):
     return [gold], distract, rng.choice(ROLE_QUESTIONS).format(r=roles[0]), (people[0],), roles[0]
 
 
+def _role_told(rng: random.Random):
+    """A role told as finished news (a coach, a date, a town) before the sentence that names its person; the
+    other roles, people and names as in _role_split."""
+    roles = rng.sample(ROLES, rng.randint(1, 4))
+    people = rng.sample([f"{f} {l}" for f in rng.sample(_FIRST, 8) for l in rng.sample(_LAST, 5)], len(roles) + 3)
+    t, t2 = rng.sample(_TOWNS, 2)
+    day = rng.choice(_DAYS).format(m=rng.choice(_MONTHS))
+    news = rng.choice(ROLE_TOLD_NEWS).format(r=roles[0], v=rng.choice(_VEHICLES), d=day, t=t)
+    gold = _cap(news) + " " + rng.choice(ROLE_TOLD_NAMES).format(n=people[0], t2=t2, k=rng.randint(2, 19))
+    others = [_cap(rng.choice(ROLE_FACTS + ROLE_SPLIT_FACTS).format(r=r, n=n)) for r, n in zip(roles[1:], people[1:])]
+    mentions = []
+    for m, n in zip(rng.sample(NAME_MENTIONS, rng.randint(1, 3)), people[len(roles):]):
+        f, l, town = rng.choice(_FIRST), rng.choice(_LAST), rng.choice(_TOWNS)
+        if f"{f} {l}" == people[0]:
+            l = next(x for x in _LAST if x != l)
+        mentions.append(_cap(m.format(f=f, l=l, t=town, n=n)))
+    distract = others + mentions
+    rng.shuffle(distract)
+    return [gold], distract, rng.choice(ROLE_QUESTIONS).format(r=roles[0]), (people[0],), roles[0]
+
+
 def _extreme(rng: random.Random):
     (m, unit), rec, x = rng.choice(MEASURES), rng.choice(RECORDS), rng.choice(EXTREMES)
     lo, hi = (10, 400) if unit != "people" else (40, 5000)
@@ -231,10 +282,11 @@ def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
     # The default draw weighs attributes twice; a config may narrow it (notes_prose_shapes) to aim a round at
     # the one shape its reads fail on, e.g. roles in DAPO round 7. role_split is opt-in (not in the default
     # shapes), so the default draws the same documents as before it existed.
-    shape = rng.choice([s for s in ("attr", "attr", "role", "extreme", "role_split") if s in task.prose_shapes])
+    shape = rng.choice([s for s in ("attr", "attr", "role", "extreme", "role_split", "role_told")
+                        if s in task.prose_shapes])
     # `subject`: the role a role question asks about, which a title may name (notes_title_share).
     gold, distract, question, answers, subject = {"attr": _attr, "role": _role, "extreme": _extreme,
-                                         "role_split": _role_split}[shape](rng)
+                                         "role_split": _role_split, "role_told": _role_told}[shape](rng)
     # Why noise haystacks are opt-in here: a model that only ever met "The grass is green." around needles
     # learned to keep any short "The X is Y" sentence (docs/notes-model.md, stage 2). At 0 no random number
     # is drawn, so the held-out prose documents (benchmarks/notes_heldout.py) stay the same documents.
