@@ -405,17 +405,17 @@ def test_word_titles_share_one_word_with_the_role_and_leave_earlier_titles_alone
         TrainConfig(task="notes", notes_title_word_share=-0.1).validate()
 
 
-def test_split_roles_name_the_person_a_sentence_later_among_other_names(smol_tokenizer):
-    """role_split (DAPO round 9): the asked role's sentence never holds the name, the next one does, and the
-    distractors hold other names (other roles' people, ships, inns, visitors) but never the answer."""
+def _two_sentence_roles(tokenizer, shape: str, seed: int):
+    """Documents of one two-sentence role shape, each checked for what role_split and role_told share: the
+    asked role's first sentence names the role and not the person, the next names the person, and no
+    distractor (other roles' people, ships, inns, visitors) holds the answer. Yields (sample, first, second)."""
     from memagent.rl import notes_prose
 
-    t = NotesTask(smol_tokenizer, chunk_tokens=256, max_chunks=2, memory_tokens=64, seed=5, qa_share=0.0,
-                  prose_share=1.0, prose_shapes=("role_split",))
-    mentions = 0
+    t = NotesTask(tokenizer, chunk_tokens=256, max_chunks=2, memory_tokens=64, seed=seed, qa_share=0.0,
+                  prose_share=1.0, prose_shapes=(shape,))
     for i in range(30):
         s = t.sample(i)
-        assert s.meta["kind"] == "prose-role_split"
+        assert s.meta["kind"] == f"prose-{shape}"
         (gold,) = [e for per in s.meta["evidence"] for e in per]
         first, second = gold.split(". ", 1)
         name = s.answers[0]
@@ -423,6 +423,16 @@ def test_split_roles_name_the_person_a_sentence_later_among_other_names(smol_tok
         assert max((r for r in notes_prose.ROLES if r in s.question), key=len) in first
         for d in s.meta["distractor_facts"]:
             assert name not in d and d in " ".join(s.chunks)
+        yield s, first, second
+
+
+def test_split_roles_name_the_person_a_sentence_later_among_other_names(smol_tokenizer):
+    """role_split (DAPO round 9): the name comes a sentence after the role, among other names (ships, inns,
+    visitors), and no draw names a boat like the answer."""
+    from memagent.rl import notes_prose
+
+    mentions = 0
+    for s, _, _ in _two_sentence_roles(smol_tokenizer, "role_split", seed=5):
         mentions += sum(any(m.split("{")[0] in d for m in notes_prose.NAME_MENTIONS if not m.startswith("{"))
                         for d in s.meta["distractor_facts"])
     assert mentions >= 10
@@ -433,24 +443,13 @@ def test_split_roles_name_the_person_a_sentence_later_among_other_names(smol_tok
 
 def test_told_roles_give_finished_news_first_and_the_name_only_after_it(smol_tokenizer):
     """role_told (DAPO round 15): the asked role's first sentence is whole news with a coach, a date or a town
-    and no name; the name comes in the next sentence, which goes on past it; no distractor holds the name."""
+    and no name; the name comes in the next sentence, which goes on past it; the default shapes never draw it."""
     from memagent.rl import notes_prose
 
-    t = NotesTask(smol_tokenizer, chunk_tokens=256, max_chunks=2, memory_tokens=64, seed=7, qa_share=0.0,
-                  prose_share=1.0, prose_shapes=("role_told",))
     tails = 0
-    for i in range(30):
-        s = t.sample(i)
-        assert s.meta["kind"] == "prose-role_told"
-        (gold,) = [e for per in s.meta["evidence"] for e in per]
-        first, second = gold.split(". ", 1)
-        name = s.answers[0]
-        assert name not in first and name in second and name in " ".join(s.chunks)
-        assert max((r for r in notes_prose.ROLES if r in s.question), key=len) in first
+    for s, first, second in _two_sentence_roles(smol_tokenizer, "role_told", seed=7):
         assert any(v in first for v in notes_prose._VEHICLES + notes_prose._TOWNS) or " by " in first
-        tails += len(second.split(name, 1)[1]) > 20
-        for d in s.meta["distractor_facts"]:
-            assert name not in d and d in " ".join(s.chunks)
+        tails += len(second.split(s.answers[0], 1)[1]) > 20
     assert tails >= 15
     assert "prose-role_told" not in {NotesTask(smol_tokenizer, seed=7, prose_share=1.0, prose_shapes=(
         "attr", "role", "extreme", "role_split")).sample(i).meta["kind"] for i in range(40)}

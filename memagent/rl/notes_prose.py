@@ -229,6 +229,14 @@ def _role_split(rng: random.Random):
     roles = rng.sample(ROLES, rng.randint(1, 4))
     people = rng.sample([f"{f} {l}" for f in rng.sample(_FIRST, 8) for l in rng.sample(_LAST, 5)], len(roles) + 3)
     gold = _cap(rng.choice(ROLE_SPLIT_FACTS).format(r=roles[0], n=people[0]))
+    return [gold], _role_distractors(rng, roles, people), rng.choice(ROLE_QUESTIONS).format(r=roles[0]), \
+        (people[0],), roles[0]
+
+
+def _role_distractors(rng: random.Random, roles: list[str], people: list[str]) -> list[str]:
+    """The other roles' people and 1-3 names that are no person in a role (ships, inns, lanes), shuffled;
+    roles[0] / people[0] are the asked ones. Shared by role_split and role_told in one draw order, so
+    role_split's documents are the ones rounds 9-13 trained on."""
     others = [_cap(rng.choice(ROLE_FACTS + ROLE_SPLIT_FACTS).format(r=r, n=n)) for r, n in zip(roles[1:], people[1:])]
     mentions = []
     for m, n in zip(rng.sample(NAME_MENTIONS, rng.randint(1, 3)), people[len(roles):]):
@@ -238,7 +246,7 @@ def _role_split(rng: random.Random):
         mentions.append(_cap(m.format(f=f, l=l, t=t, n=n)))
     distract = others + mentions
     rng.shuffle(distract)
-    return [gold], distract, rng.choice(ROLE_QUESTIONS).format(r=roles[0]), (people[0],), roles[0]
+    return distract
 
 
 def _role_told(rng: random.Random):
@@ -250,16 +258,8 @@ def _role_told(rng: random.Random):
     day = rng.choice(_DAYS).format(m=rng.choice(_MONTHS))
     news = rng.choice(ROLE_TOLD_NEWS).format(r=roles[0], v=rng.choice(_VEHICLES), d=day, t=t)
     gold = _cap(news) + " " + rng.choice(ROLE_TOLD_NAMES).format(n=people[0], t2=t2, k=rng.randint(2, 19))
-    others = [_cap(rng.choice(ROLE_FACTS + ROLE_SPLIT_FACTS).format(r=r, n=n)) for r, n in zip(roles[1:], people[1:])]
-    mentions = []
-    for m, n in zip(rng.sample(NAME_MENTIONS, rng.randint(1, 3)), people[len(roles):]):
-        f, l, town = rng.choice(_FIRST), rng.choice(_LAST), rng.choice(_TOWNS)
-        if f"{f} {l}" == people[0]:
-            l = next(x for x in _LAST if x != l)
-        mentions.append(_cap(m.format(f=f, l=l, t=town, n=n)))
-    distract = others + mentions
-    rng.shuffle(distract)
-    return [gold], distract, rng.choice(ROLE_QUESTIONS).format(r=roles[0]), (people[0],), roles[0]
+    return [gold], _role_distractors(rng, roles, people), rng.choice(ROLE_QUESTIONS).format(r=roles[0]), \
+        (people[0],), roles[0]
 
 
 def _extreme(rng: random.Random):
