@@ -226,11 +226,17 @@ def _role(rng: random.Random):
 
 def _role_split(rng: random.Random):
     """A role whose person is named a sentence later, among other roles and other names (see NAME_MENTIONS)."""
-    roles = rng.sample(ROLES, rng.randint(1, 4))
-    people = rng.sample([f"{f} {l}" for f in rng.sample(_FIRST, 8) for l in rng.sample(_LAST, 5)], len(roles) + 3)
+    roles, people = _roles_and_people(rng)
     gold = _cap(rng.choice(ROLE_SPLIT_FACTS).format(r=roles[0], n=people[0]))
     return [gold], _role_distractors(rng, roles, people), rng.choice(ROLE_QUESTIONS).format(r=roles[0]), \
         (people[0],), roles[0]
+
+
+def _roles_and_people(rng: random.Random) -> tuple[list[str], list[str]]:
+    """1-4 roles and a person for each plus 3 more (for NAME_MENTIONS); the first pair is the asked one."""
+    roles = rng.sample(ROLES, rng.randint(1, 4))
+    names = [f"{f} {l}" for f in rng.sample(_FIRST, 8) for l in rng.sample(_LAST, 5)]
+    return roles, rng.sample(names, len(roles) + 3)
 
 
 def _role_distractors(rng: random.Random, roles: list[str], people: list[str]) -> list[str]:
@@ -252,8 +258,7 @@ def _role_distractors(rng: random.Random, roles: list[str], people: list[str]) -
 def _role_told(rng: random.Random):
     """A role told as finished news (a coach, a date, a town) before the sentence that names its person; the
     other roles, people and names as in _role_split."""
-    roles = rng.sample(ROLES, rng.randint(1, 4))
-    people = rng.sample([f"{f} {l}" for f in rng.sample(_FIRST, 8) for l in rng.sample(_LAST, 5)], len(roles) + 3)
+    roles, people = _roles_and_people(rng)
     t, t2 = rng.sample(_TOWNS, 2)
     day = rng.choice(_DAYS).format(m=rng.choice(_MONTHS))
     news = rng.choice(ROLE_TOLD_NEWS).format(r=roles[0], v=rng.choice(_VEHICLES), d=day, t=t)
@@ -280,8 +285,8 @@ def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
     from .data import Sample
 
     # The default draw weighs attributes twice; a config may narrow it (notes_prose_shapes) to aim a round at
-    # the one shape its reads fail on, e.g. roles in DAPO round 7. role_split is opt-in (not in the default
-    # shapes), so the default draws the same documents as before it existed.
+    # the one shape its reads fail on, e.g. roles in DAPO round 7. role_split and role_told are opt-in (not in
+    # the default shapes), so the default draws the same documents as before they existed.
     shape = rng.choice([s for s in ("attr", "attr", "role", "extreme", "role_split", "role_told")
                         if s in task.prose_shapes])
     # `subject`: the role a role question asks about, which a title may name (notes_title_share).
