@@ -1,6 +1,7 @@
 """The memory-model recipe's data and warm start: samples with known evidence, train/eval splits that never
 share an article, oracle notes, and SFT conversations rendered exactly as inference renders them."""
 import random
+import re
 from dataclasses import replace
 
 import pytest
@@ -455,6 +456,66 @@ def test_told_roles_give_finished_news_first_and_the_name_only_after_it(smol_tok
         "attr", "role", "extreme", "role_split")).sample(i).meta["kind"] for i in range(40)}
 
 
+def test_handovers_name_both_people_and_the_question_picks_one_by_its_qualifier(smol_tokenizer):
+    """role_handover: the asked role's one fact names the person leaving and the person arriving; a question
+    for the new holder is answered by the arriving one, one for the previous holder by the leaving one, both
+    kinds are drawn, and neither person appears in any distractor."""
+    from memagent.rl import notes_prose
+
+    t = NotesTask(smol_tokenizer, chunk_tokens=256, max_chunks=2, memory_tokens=64, seed=11, qa_share=0.0,
+                  prose_share=1.0, prose_shapes=("role_handover",))
+    asked = {"new": 0, "old": 0}
+    for i in range(40):
+        s = t.sample(i)
+        assert s.meta["kind"] == "prose-role_handover"
+        (gold,) = [e for per in s.meta["evidence"] for e in per]
+        role = max((r for r in notes_prose.ROLES if r in s.question), key=len)
+        others = [f"{f} {l}" for f in notes_prose._FIRST for l in notes_prose._LAST
+                  if f"{f} {l}" in gold and f"{f} {l}" != s.answers[0]]
+        assert role in gold and s.answers[0] in gold and len(others) == 1
+        old_q = any(q.split("{")[0] in s.question for q in notes_prose.HANDOVER_OLD)
+        new_q = any(q.format(r=role) == s.question for q in notes_prose.HANDOVER_NEW)
+        assert old_q != new_q
+        # read the gold back through its template: the {n} slot is the new holder, {o} the one leaving
+        slots = {"o": "(?P<o>[^,.;]+?)", "n": "(?P<n>[^,.;]+?)", "r": re.escape(role), "k": r"\d+", "y": r"\d+",
+                 "d": "[^.]+?", "t": "[^,.]+?"}
+        found = [m for f in notes_prose.HANDOVER_FACTS
+                 if (m := re.fullmatch("".join(slots[p[1:-1]] if p.startswith("{") else re.escape(p)
+                                               for p in re.split(r"(\{\w\})", notes_prose._cap(f))), gold))]
+        assert found and found[0]["n" if new_q else "o"] == s.answers[0]
+        asked["old" if old_q else "new"] += 1
+        for d in s.meta["distractor_facts"]:
+            assert s.answers[0] not in d and others[0] not in d
+    assert asked["new"] >= 20 and asked["old"] >= 6
+
+
+def test_dated_values_differ_by_day_and_the_asked_day_is_anywhere_in_the_order(smol_tokenizer):
+    """attr_dated: the thing's attribute is given on 2-5 days with different values; the gold is the asked
+    day's sentence, the look-alikes are the other days' (plus sometimes another thing on the asked day), no
+    look-alike holds the answer, and the asked day is not always first or last in the text."""
+    from memagent.rl import notes_prose
+
+    t = NotesTask(smol_tokenizer, chunk_tokens=256, max_chunks=3, memory_tokens=64, seed=13, qa_share=0.0,
+                  prose_share=1.0, prose_shapes=("attr_dated",))
+    places = set()
+    for i in range(40):
+        s = t.sample(i)
+        assert s.meta["kind"] == "prose-attr_dated"
+        (gold,) = [e for per in s.meta["evidence"] for e in per]
+        (day,) = [d for d in notes_prose.OCCASIONS if d in s.question]
+        assert day in gold and s.answers[0] in gold
+        text = " ".join(s.chunks)
+        look = [d for d in s.meta["distractor_facts"] if d in text]
+        assert look == s.meta["distractor_facts"]
+        for d in look:
+            assert s.answers[0] not in d
+        same_thing = [d for d in look if day not in d]
+        assert all(any(o in d for o in notes_prose.OCCASIONS) for d in same_thing)
+        order = sorted([gold] + look, key=text.index)
+        places.add("first" if order[0] == gold else "last" if order[-1] == gold else "middle")
+    assert places == {"first", "middle", "last"}
+
+
 def test_prose_facts_never_use_the_held_out_wordings(prose_task):
     """The demo document's measure and role and the planted-fact benchmark's attribute stay out of the
     training facts and questions, so those cells measure transfer."""
@@ -463,6 +524,8 @@ def test_prose_facts_never_use_the_held_out_wordings(prose_task):
     vocab = " ".join(map(str, [notes_prose.ATTRS, notes_prose.ATTR_FACTS, notes_prose.ROLES, notes_prose.ROLE_FACTS,
                                notes_prose.ROLE_SPLIT_FACTS, notes_prose.NAME_MENTIONS,
                                notes_prose.ROLE_TOLD_NEWS, notes_prose.ROLE_TOLD_NAMES,
+                               notes_prose.HANDOVER_FACTS, notes_prose.HANDOVER_NEW, notes_prose.HANDOVER_OLD,
+                               notes_prose.DATED_FACTS, notes_prose.DATED_QUESTIONS,
                                notes_prose.MEASURES, notes_prose.RECORDS, notes_prose.EXTREME_FACTS,
                                notes_prose.READING])).lower()
     for word in ("access code", "barometer", "keeper", "ledger", "red ink"):

@@ -15,6 +15,9 @@ skill (keep the asked fact, drop look-alike facts about other things) is drawn i
   no person in the asked role (a ship, an inn, a visitor);
 * on request only (shape role_told), the same, but the role's sentence is long and sounds finished (a
   coach, a date, a town) and the name's sentence runs on past the name;
+* on request only, facts a qualifier tells apart from a look-alike: a post handed from one person to
+  another, asked for the new holder or the old (role_handover), and one attribute of one thing on several
+  days, asked for one day's value (attr_dated);
 * questions phrased several ways.
 
 Held out on purpose (never drawn here): the planted-fact benchmark's attribute ("access code"), and the
@@ -267,6 +270,81 @@ def _role_told(rng: random.Random):
         (people[0],), roles[0]
 
 
+# role_handover: one role, two people, the post passing from one to the other; the question asks for the
+# new holder or the one before. Every handled document names both, so a note must keep which is which: the
+# held-out misses of rounds 13-16 kept the first-named person when the question asked for the newer one.
+HANDOVER_FACTS = (  # {o} leaves the post of {r}, {n} takes it
+    "{o} has stepped down as {r} after {k} years. The new {r} is {n}.",
+    "After {k} years as {r}, {o} is retiring, and {n} takes over at the end of the month.",
+    "{n} replaces {o} as {r} this spring.",
+    "The post of {r} passes from {o} to {n} on {d}.",
+    "We said goodbye to {o}, our {r} since {y}. Taking the post now is {n}, who comes from {t}.",
+    "The board chose {n} as the next {r}, so {o} can finally rest.",
+    "{o}, the old {r}, handed everything over to {n} on {d}.",
+    "Until {d} the {r} was {o}. It is {n} now.",
+    "{n} was voted in as {r}; the outgoing {r}, {o}, thanked everyone for {k} good years.",
+    "Since {o} left for {t}, the work of the {r} has been done by {n}.",
+)
+_PAST_DAYS = ("the first of {m}", "the last day of {m}", "the second Monday in {m}", "the fourteenth of {m}")
+HANDOVER_NEW = ("Who is the new {r}?", "Who took over as {r}?", "Who is the {r} now?",
+                "Who holds the post of {r} at present?")
+HANDOVER_OLD = ("Who was the {r} before {n}?", "Who was the previous {r}?", "Who stepped down as {r}?",
+                "Which person used to be the {r}?")
+# attr_dated: one attribute of one thing given on several occasions, the question naming one of them. The
+# asked occasion is anywhere in the order, so neither "keep the first" nor "keep the latest" is the skill.
+OCCASIONS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+DATED_FACTS = (
+    "On {o}, the {a} of {e} was {v}.",
+    "The {a} of {e} read {v} on {o}.",
+    "{O}'s entry gives the {a} of {e} as {v}.",
+    "When we looked again on {o}, {e} had {v} as its {a}.",
+    "By {o} the {a} of {e} had become {v}.",
+)
+DATED_QUESTIONS = ("What was the {a} of {e} on {o}?", "On {o}, what {a} did {e} have?",
+                   "Which {a} was given for {e} on {o}?", "What did the {a} of {e} read on {o}?")
+
+
+def _role_handover(rng: random.Random):
+    """A role passing from one person to another, asked for the new holder (7 in 10) or the one before; the
+    other roles, people and names as in _role_split."""
+    roles, people = _roles_and_people(rng)
+    old = rng.choice([f"{f} {l}" for f in _FIRST for l in _LAST if f"{f} {l}" not in people])
+    t = rng.choice(_TOWNS)
+    day = rng.choice(_PAST_DAYS).format(m=rng.choice(_MONTHS))
+    new = people[0]
+    gold = _cap(rng.choice(HANDOVER_FACTS).format(r=roles[0], o=old, n=new, k=rng.randint(3, 30),
+                                                  y=rng.randint(1950, 2015), d=day, t=t))
+    if rng.random() < 0.7:
+        question, answer = rng.choice(HANDOVER_NEW).format(r=roles[0]), new
+    else:
+        question, answer = rng.choice(HANDOVER_OLD).format(r=roles[0], n=new), old
+    distract = [d for d in _role_distractors(rng, roles, people) if old not in d]
+    return [gold], distract, question, (answer,), roles[0]
+
+
+def _attr_dated(rng: random.Random):
+    """The same attribute of the same thing on 2-5 days, each value different; the question names one day.
+    Sometimes (1 in 3) another thing's value on the asked day is there too."""
+    (a, kind), e = rng.choice([x for x in ATTRS if x[1] not in ("colour", "town")]), _entity(rng)
+    days = rng.sample(OCCASIONS, rng.randint(2, 5))
+    values: list[str] = []
+    while len(values) < len(days):
+        v = _value(kind, rng)
+        if all(v not in u and u not in v for u in values):
+            values.append(v)
+    fmt = rng.choice(DATED_FACTS)
+    say = lambda f, d, e_, v: _cap(f.format(a=a, e=e_, v=v, o=d, O=d))  # noqa: E731
+    facts = [say(fmt if rng.random() < 0.5 else rng.choice(DATED_FACTS), d, e, v) for d, v in zip(days, values)]
+    asked = rng.randrange(len(days))
+    distract = facts[:asked] + facts[asked + 1:]
+    if rng.random() < 1 / 3:
+        v2 = _value(kind, rng)
+        if all(v2 not in u and u not in v2 for u in values):
+            distract.append(say(rng.choice(DATED_FACTS), days[asked], _entity(rng), v2))
+    question = rng.choice(DATED_QUESTIONS).format(a=a, e=e, o=days[asked])
+    return [facts[asked]], distract, question, (values[asked],), None
+
+
 def _extreme(rng: random.Random):
     (m, unit), rec, x = rng.choice(MEASURES), rng.choice(RECORDS), rng.choice(EXTREMES)
     lo, hi = (10, 400) if unit != "people" else (40, 5000)
@@ -287,11 +365,12 @@ def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
     # The default draw weighs attributes twice; a config may narrow it (notes_prose_shapes) to aim a round at
     # the one shape its reads fail on, e.g. roles in DAPO round 7. role_split and role_told are opt-in (not in
     # the default shapes), so the default draws the same documents as before they existed.
-    shape = rng.choice([s for s in ("attr", "attr", "role", "extreme", "role_split", "role_told")
-                        if s in task.prose_shapes])
+    shape = rng.choice([s for s in ("attr", "attr", "role", "extreme", "role_split", "role_told",
+                                    "role_handover", "attr_dated") if s in task.prose_shapes])
     # `subject`: the role a role question asks about, which a title may name (notes_title_share).
     gold, distract, question, answers, subject = {"attr": _attr, "role": _role, "extreme": _extreme,
-                                         "role_split": _role_split, "role_told": _role_told}[shape](rng)
+                                         "role_split": _role_split, "role_told": _role_told,
+                                         "role_handover": _role_handover, "attr_dated": _attr_dated}[shape](rng)
     # Why noise haystacks are opt-in here: a model that only ever met "The grass is green." around needles
     # learned to keep any short "The X is Y" sentence (docs/notes-model.md, stage 2). At 0 no random number
     # is drawn, so the held-out prose documents (benchmarks/notes_heldout.py) stay the same documents.
