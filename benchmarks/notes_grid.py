@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 BEFORE = "qwen2.5-coder-0.5b+llama.cpp"
-AFTER = "qwen2.5-coder-0.5b+notes-qwen0.5b-dapo11b+llama.cpp"
+AFTER = "qwen2.5-coder-0.5b+notes-qwen0.5b-dapo16+llama.cpp"
 
 TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2", "qa_1",
          "planted_fact"]

@@ -97,7 +97,7 @@ DEFAULT_MODEL = "memagent-notes-0.5b"
 
 
 NOTES_135M_SHA256 = "821f5de6cd473f2ba5e67044c9f1db01c1321ae44dc795f9799e09cb7c7576c2"
-NOTES_05B_SHA256 = "e114670406031c55a51c1876b32f2f98525176bee9fea1774d5b27a7ed6ed77e"
+NOTES_05B_SHA256 = "4f13966dc29e27432345878c564786bcf0bf52ac41b977c1f4188e3faf8c9d85"
 
 
 # The memory models we train, each a LoRA adapter in memagent/adapters/<folder> on a registered base:
@@ -106,7 +106,7 @@ TRAINED = (
     ("memagent-notes-135m", "smollm2-135m", "notes-135m", NOTES_135M_SHA256, "torch",
      "SmolLM2-135M-Instruct + our LoRA trained to keep notes (SFT, Multi-Conv DAPO, SFT); opt-in, not the default"),
     ("memagent-notes-0.5b", "qwen2.5-coder-0.5b", "notes-0.5b", NOTES_05B_SHA256, "llama.cpp",
-     "Qwen2.5-Coder-0.5B-Instruct + our LoRA trained to keep notes (SFT, then 8 rounds of Multi-Conv DAPO); "
+     "Qwen2.5-Coder-0.5B-Instruct + our LoRA trained to keep notes (SFT, then 11 rounds of Multi-Conv DAPO); "
      "the embedded default, on llama.cpp"),
 )
 
