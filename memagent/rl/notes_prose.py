@@ -296,7 +296,7 @@ OCCASIONS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
 DATED_FACTS = (
     "On {o}, the {a} of {e} was {v}.",
     "The {a} of {e} read {v} on {o}.",
-    "{O}'s entry gives the {a} of {e} as {v}.",
+    "{o}'s entry gives the {a} of {e} as {v}.",
     "When we looked again on {o}, {e} had {v} as its {a}.",
     "By {o} the {a} of {e} had become {v}.",
 )
@@ -333,7 +333,7 @@ def _attr_dated(rng: random.Random):
         if all(v not in u and u not in v for u in values):
             values.append(v)
     fmt = rng.choice(DATED_FACTS)
-    say = lambda f, d, e_, v: _cap(f.format(a=a, e=e_, v=v, o=d, O=d))  # noqa: E731
+    say = lambda f, d, e_, v: _cap(f.format(a=a, e=e_, v=v, o=d))  # noqa: E731
     facts = [say(fmt if rng.random() < 0.5 else rng.choice(DATED_FACTS), d, e, v) for d, v in zip(days, values)]
     asked = rng.randrange(len(days))
     distract = facts[:asked] + facts[asked + 1:]
