@@ -595,3 +595,28 @@ def test_heldout_check_reads_fresh_training_documents_with_the_real_model(tmp_pa
     assert row["kind"].startswith("prose-") and row["error"] is None
     assert row["correct"] == (row["gold"][0].lower() in (row["answer"] or "").lower())
     assert d["accuracy"] == float(row["correct"])
+
+
+def test_early_share_puts_the_evidence_first_and_every_look_alike_after_it(smol_tokenizer):
+    """notes_early_share: the documents where rewriting the notes at a later look-alike is a wrong read
+    (at 16K the default wrote the asked key beside a later needle's number). Documents with look-alikes
+    have all their evidence in chunk 1 and none of the look-alike keys or facts there; documents without
+    look-alikes lay out as before; the share combined with late_share is checked by the config."""
+    from memagent.rl.config import ConfigError, TrainConfig
+
+    early = NotesTask(smol_tokenizer, chunk_tokens=256, max_chunks=3, min_chunks=2, memory_tokens=64, seed=7,
+                      qa_share=0.0, prose_share=0.4, early_share=1.0)
+    looks = 0
+    for i in range(24):
+        s = early.sample(i)
+        m = s.meta
+        alikes = list(m.get("distractor_keys") or []) + list(m.get("distractor_facts") or [])
+        if not alikes:
+            continue
+        assert m["evidence"][0] and not any(m["evidence"][1:]), (i, m["kind"])
+        for a in alikes:
+            assert a.lower() not in s.chunks[0].lower(), (i, a)
+            looks += 1
+    assert looks >= 10
+    with pytest.raises(ConfigError, match="notes_early_share"):
+        TrainConfig(task="notes", notes_early_share=0.6, notes_late_share=0.5)

@@ -65,6 +65,7 @@ class TrainConfig:
     notes_prose_share: float = 0.0  # task notes: share of facts told in prose (rl/notes_prose.py); rest: needles
     notes_prose_noise: float = 0.0  # task notes: share of prose facts set in RULER's repeated noise sentences
     notes_late_share: float = 0.0  # task notes: share of 2+ chunk documents with all evidence in the last chunk
+    notes_early_share: float = 0.0  # task notes: share of 2+ chunk documents with evidence first, look-alikes after
     notes_prose_shapes: list = field(default_factory=lambda: list(NOTES_DEFAULT_SHAPES))  # task notes: shapes drawn
     notes_needle_essay_share: float = 0.0  # task notes: share of needle documents whose haystack is essay prose
     notes_decoy_share: float = 0.0  # task notes: share of needle documents with answer-sounding decoy sentences
@@ -174,8 +175,10 @@ class TrainConfig:
         if not self.notes_prose_shapes or set(self.notes_prose_shapes) - set(NOTES_PROSE_SHAPES):
             raise ConfigError(f"notes_prose_shapes must be a non-empty subset of {', '.join(NOTES_PROSE_SHAPES)}, "
                               f"got {list(self.notes_prose_shapes)}")
-        for name in ("notes_prose_noise", "notes_late_share", "notes_needle_essay_share", "notes_decoy_share",
-                     "notes_title_share", "notes_title_word_share"):
+        if self.notes_early_share + self.notes_late_share > 1:
+            raise ConfigError("notes_early_share and notes_late_share share one draw and must sum to at most 1")
+        for name in ("notes_prose_noise", "notes_late_share", "notes_early_share", "notes_needle_essay_share",
+                     "notes_decoy_share", "notes_title_share", "notes_title_word_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.sft_first_token_weight <= 0:

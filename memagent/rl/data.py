@@ -226,7 +226,8 @@ def make_task(config, tokenizer: Tokenizer):
         return NotesTask(tokenizer, config.chunk_tokens, config.num_chunks, config.memory_tokens, config.seed,
                          min_chunks=config.notes_min_chunks, qa_share=config.notes_qa_share,
                          prose_share=config.notes_prose_share, prose_noise=config.notes_prose_noise,
-                         late_share=config.notes_late_share, prose_shapes=config.notes_prose_shapes,
+                         late_share=config.notes_late_share, early_share=config.notes_early_share,
+                         prose_shapes=config.notes_prose_shapes,
                          needle_essay_share=config.notes_needle_essay_share, decoy_share=config.notes_decoy_share,
                          title_share=config.notes_title_share, title_word_share=config.notes_title_word_share)
     raise ValueError(f"unknown task {config.task!r}")

@@ -193,7 +193,7 @@ class NotesTask:
 
     def __init__(self, tokenizer: Tokenizer, chunk_tokens: int = 512, max_chunks: int = 8, memory_tokens: int = 64,
                  seed: int = 0, min_chunks: int = 1, qa_share: float = 0.25, prose_share: float = 0.0,
-                 prose_noise: float = 0.0, late_share: float = 0.0,
+                 prose_noise: float = 0.0, late_share: float = 0.0, early_share: float = 0.0,
                  prose_shapes: tuple[str, ...] = NOTES_DEFAULT_SHAPES, needle_essay_share: float = 0.0,
                  decoy_share: float = 0.0, title_share: float = 0.0, title_word_share: float = 0.0):
         if not prose_shapes or set(prose_shapes) - set(NOTES_PROSE_SHAPES):
@@ -201,6 +201,7 @@ class NotesTask:
         self.prose_shapes = tuple(prose_shapes)
         self.tok, self.chunk_tokens, self.max_chunks = tokenizer, chunk_tokens, max_chunks
         self.prose_share, self.prose_noise, self.late_share = prose_share, prose_noise, late_share
+        self.early_share = early_share
         self.needle_essay_share, self.decoy_share, self.title_share = needle_essay_share, decoy_share, title_share
         self.title_word_share = title_word_share
         self._titles = None  # title_lines() of the sample being drawn (sample() draws, _layout places one)
@@ -291,7 +292,13 @@ class NotesTask:
         documents whose evidence comes last make keeping the first guess a wrong read (docs/notes-model.md,
         round 5: 61 of 80 reads copied chunk 1's notes unchanged). At 0 no number is drawn, so the
         documents of every earlier seed stay the same documents. `subject` (what the question asks about)
-        may name a title (notes_title_share)."""
+        may name a title (notes_title_share).
+
+        `early_share` is the mirror image, for documents that have look-alikes: the evidence all in the
+        first chunk and every look-alike after it. Why: at 16K the default's look-alike-key misses write the
+        asked key beside a later needle's number (docs/notes-model.md, round 18), a rewrite that only
+        documents whose look-alikes come after the evidence show as wrong. It is drawn first; `late_share`
+        then takes the next share of the same draw."""
         title = None
         if self._titles:
             plain, named = self._titles
@@ -299,7 +306,16 @@ class NotesTask:
             if named and "{W}" in named and not word.isalpha():  # "Letters to the 7834750" reads as nonsense
                 named = None
             title = named.format(s=subject, W=_cap(word)) if named and subject else plain
-        if n_gold and n_chunks > 1 and self.late_share and rng.random() < self.late_share:
+        if n_gold and n_chunks > 1 and self.early_share and len(planted) > n_gold:
+            r = rng.random()
+            if r < self.early_share:
+                first, first_ev = self._spread(rng, 1, filler, planted[:n_gold], title)
+                rest, rest_ev = self._spread(rng, n_chunks - 1, filler, planted[n_gold:])
+                return first + rest, first_ev + rest_ev
+            late = r < self.early_share + self.late_share
+        else:  # without early_share the draw below is the only one, so earlier seeds keep their documents
+            late = n_gold and n_chunks > 1 and self.late_share and rng.random() < self.late_share
+        if late:
             early, early_ev = self._spread(rng, n_chunks - 1, filler, planted[n_gold:], title)
             last, last_ev = self._spread(rng, 1, filler, planted[:n_gold])
             return early + last, early_ev + last_ev
