@@ -175,3 +175,36 @@ def test_notes_grid_lays_out_two_rows_and_never_calls_an_unmeasured_goal_met(tmp
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "notes_grid.py"), "--results", str(results),
                            "--before", "base", "--after", "nobody"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no row named 'nobody'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def heldout_folder(tmp_path: Path) -> Path:
+    (tmp_path / "a.txt").write_text("The keeper wrote that the answer is instant.\n")
+    (tmp_path / "b.txt").write_text("Nothing to see.\n")
+    (tmp_path / "questions.tsv").write_text("# doc, question, gold\n"
+                                            "a.txt\tWhat is the answer?\tinstant\n"
+                                            "a.txt\tWho wrote it?\tBob|Robert\n"
+                                            "b.txt\tWhat is there?\tINSTANT!\n")
+    return tmp_path
+
+
+def test_heldout_docs_scores_each_question_and_records_failed_passes(tmp_path):
+    folder = heldout_folder(tmp_path)
+    run("heldout_docs.py", str(folder), "--label", "inst", "--", "--backend", "instant")
+    rows = [json.loads(x) for x in (folder / "results-inst.jsonl").read_text().splitlines()]
+    assert [r["right"] for r in rows] == [True, False, True]  # "INSTANT!" normalises to the answer "instant"
+    assert rows[1]["golds"] == ["Bob", "Robert"] and all(r["answer"] == "instant" for r in rows)
+    summary = json.loads((folder / "summary-inst.json").read_text())
+    assert (summary["right"], summary["questions"], summary["failed"], summary["documents"]) == (2, 3, 0, 2)
+
+    run("heldout_docs.py", str(folder), "--label", "bad", "--", "--backend", "instant", "--chunk-tokens", "0")
+    rows = [json.loads(x) for x in (folder / "results-bad.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["error"] and not r["right"] for r in rows)  # recorded, never dropped
+
+
+def test_heldout_docs_refuses_a_malformed_line(tmp_path):
+    folder = heldout_folder(tmp_path)
+    (folder / "questions.tsv").write_text("a.txt\tno gold here\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "heldout_docs.py"), str(folder), "--label", "x"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode != 0 and "questions.tsv:1: expected doc<TAB>question<TAB>gold" in proc.stderr
+    assert "Traceback" not in proc.stderr
