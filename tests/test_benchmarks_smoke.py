@@ -208,3 +208,23 @@ def test_heldout_docs_refuses_a_malformed_line(tmp_path):
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode != 0 and "questions.tsv:1: expected doc<TAB>question<TAB>gold" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_reads_where_lost_counts_the_update_that_dropped_the_answer(tmp_path):
+    import gzip
+
+    reads = [  # held after chunk 1, dropped at chunk 2; held throughout; never held; several answers, all needed
+        {"answers": ["1,288"], "memories": ["orders failed: 1288", "it lasted 63 minutes"], "correct": False},
+        {"answers": ["Ilse Vandermeer"], "memories": ["commander: Ilse Vandermeer", "Ilse Vandermeer led it"],
+         "correct": True},
+        {"answers": ["42"], "memories": ["no notes yet", "nothing"], "correct": False},
+        {"answers": ["7", "9"], "match": "all", "memories": ["7 only", "7 and 9"], "correct": False},
+    ]
+    path = tmp_path / "rollouts.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in reads))
+    run("reads_where_lost.py", str(path), "--smoke")
+    data = result("reads_where_lost")
+    t = data["files"][str(path)]
+    assert (t["reads"], t["right"], t["held_after_chunk_1"], t["dropped_later"], t["kept_to_end"]) == (4, 1, 2, 1, 1)
+    assert t["never_held"] == 1 and t["final_notes_hold_but_answer_wrong"] == 1  # the last read: notes hold 7 and 9
