@@ -38,10 +38,10 @@ def machine() -> dict:
     return info
 
 
-def write_result(name: str, numbers: dict, smoke: bool = False) -> Path:
-    """benchmarks/results/<name>.json (smoke runs go to <name>.smoke.json so they never overwrite)."""
+def write_result(name: str, numbers: dict, smoke: bool = False, path: Path | None = None) -> Path:
+    """benchmarks/results/<name>.json (smoke runs go to <name>.smoke.json so they never overwrite), or `path`."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}{'.smoke' if smoke else ''}.json"
+    path = path or RESULTS / f"{name}{'.smoke' if smoke else ''}.json"
     record = {"benchmark": name, "command": " ".join([Path(sys.executable).name, *sys.argv]),
               "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
               "machine": machine(), "smoke": smoke, **numbers}

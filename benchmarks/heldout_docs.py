@@ -11,10 +11,11 @@ on), so this script is what is kept: point it at a folder, run it once per model
 
 DIR holds the documents and `questions.tsv`, one question a line: `doc<TAB>question<TAB>gold[|gold...]`
 (`#` starts a comment). A document's questions are asked in one `memagent ask --json` pass, exactly as a
-user runs it; anything after `--` goes to `ask`. Right = some gold is contained in the answer after
-SQuAD normalisation (case, punctuation, articles), so "2,434 pounds" matches 2434 and "minus 41" does not
-match -41: write each accepted form as its own gold. Rows are appended to DIR/results-LABEL.jsonl as each
-document finishes (with the final notes, to read why a miss missed), then DIR/summary-LABEL.json.
+user runs it; anything after `--` goes to `ask`. Right = the training reward's sub_em: some gold is
+contained in the answer after SQuAD normalisation (case, punctuation, articles), so "2,434 pounds"
+matches 2434 and "minus 41" does not match -41: write each accepted form as its own gold. Rows are
+appended to DIR/results-LABEL.jsonl as each document finishes (with the final notes, to read why a miss
+missed), then DIR/summary-LABEL.json.
 """
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ from collections import OrderedDict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, machine  # noqa: E402
+from common import ROOT, write_result  # noqa: E402
 
-from memagent.tasks.scoring import normalize_answer  # noqa: E402
+from memagent.rl.rollout import score  # noqa: E402  (the training reward's sub_em: one rule everywhere)
 
 
 def load_questions(folder: Path) -> "OrderedDict[str, list[tuple[str, list[str]]]]":
@@ -52,12 +53,6 @@ def load_questions(folder: Path) -> "OrderedDict[str, list[tuple[str, list[str]]
     if not docs:
         raise SystemExit(f"heldout_docs: {path} holds no questions")
     return docs
-
-
-def is_right(answer: str | None, golds: list[str]) -> bool:
-    """Some gold inside the answer, both normalised. Containment, not equality: answers come as sentences."""
-    got = normalize_answer(answer or "")
-    return bool(got) and any(normalize_answer(g) and normalize_answer(g) in got for g in golds)
 
 
 def ask(doc: Path, questions: list[str], ask_args: list[str], timeout: float) -> tuple[list[dict], str | None]:
@@ -105,7 +100,7 @@ def main(argv=None) -> int:
                 for i, (q, golds) in enumerate(qs):
                     r = replies[i] if i < len(replies) else {}
                     err = r.get("error") or (None if r else error or "no reply")
-                    ok = err is None and is_right(r.get("answer"), golds)
+                    ok = err is None and score(r.get("answer") or "", golds)
                     right, total, failed = right + ok, total + 1, failed + (err is not None)
                     f.write(json.dumps({"doc": doc, "question": q, "golds": golds, "answer": r.get("answer"),
                                         "right": ok, "error": err, "memory": r.get("memory"),
@@ -113,13 +108,11 @@ def main(argv=None) -> int:
                     bar.console.print(f"{'right' if ok else 'MISS '} {doc}: {q!r} -> {r.get('answer')!r}"
                                       + (f" [error: {err}]" if err else ""))
             bar.advance(task)
-    summary = {"benchmark": "heldout_docs", "label": args.label, "ask_args": ask_args,
-               "command": " ".join([Path(sys.executable).name, *sys.argv]),
-               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
-               "documents": len(docs), "questions": total, "right": right, "failed": failed,
-               "seconds_per_document": round(sum(seconds) / len(seconds), 1)}
-    (folder / f"summary-{args.label}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"{args.label}: {right}/{total} right ({failed} failed), {summary['seconds_per_document']} s a document")
+    per_doc = round(sum(seconds) / len(seconds), 1)
+    write_result("heldout_docs", {"label": args.label, "ask_args": ask_args, "documents": len(docs),
+                                  "questions": total, "right": right, "failed": failed,
+                                  "seconds_per_document": per_doc}, path=folder / f"summary-{args.label}.json")
+    print(f"{args.label}: {right}/{total} right ({failed} failed), {per_doc} s a document")
     return 0
 
 

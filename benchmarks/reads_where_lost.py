@@ -9,31 +9,22 @@ and rewriting it away (or answering past notes that hold it).
     python benchmarks/reads_where_lost.py benchmarks/results/dapo19_notes_0.5b/rollouts.jsonl.gz
 
 Prints one line per file and writes benchmarks/results/reads_where_lost.json (command, date, machine).
-A gold counts as held when it appears in the notes after lowercasing and dropping everything but letters
-and digits, so "1,288" and "1288" match; for a read with several answers, any one counts (`match` "any")
-or all must (`match` "all").
+A gold counts as held by the reward's own test (sub_em, `memagent.rl.rollout.holds_answers`) applied to
+the notes: it occurs in them after SQuAD normalisation, so "1,288" and "1288" match; for a read with
+several answers any one counts (`match` "any") or all must (`match` "all").
 """
 from __future__ import annotations
 
 import argparse
 import gzip
 import json
-import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
-
-def _squash(text: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", (text or "").lower())
-
-
-def holds(notes: str, answers: list[str], match: str = "any") -> bool:
-    got = _squash(notes)
-    found = [bool(_squash(a)) and _squash(a) in got for a in answers]
-    return bool(found) and (all(found) if match == "all" else any(found))
+from memagent.rl.rollout import holds_answers  # noqa: E402  (the reward's sub_em test, on the notes as written)
 
 
 def tally(reads) -> dict:
@@ -42,7 +33,7 @@ def tally(reads) -> dict:
     out = {"reads": 0, "right": 0, "held_after_chunk_1": 0, "dropped_later": 0, "kept_to_end": 0,
            "never_held": 0, "final_notes_hold_but_answer_wrong": 0}
     for r in reads:
-        held = [holds(m, r["answers"], r.get("match", "any")) for m in r.get("memories", [])]
+        held = [holds_answers(m, r["answers"], r.get("match", "any")) for m in r.get("memories", [])]
         out["reads"] += 1
         out["right"] += bool(r.get("correct"))
         if held and held[0]:

@@ -9,7 +9,8 @@ from memagent.reader import Reader, ReaderConfig
 from memagent.rl.advantage import assign_weights, expand_to_rows, filter_groups, group_advantages, weight_totals
 from memagent.rl.config import ConfigError, load_config
 from memagent.rl.data import CharKVTask, Sample
-from memagent.rl.rollout import Conversation, Trajectory, normalize_answer, rollout, score, trajectory_reward
+from memagent.rl.rollout import (Conversation, Trajectory, holds_answers, normalize_answer, rollout, score,
+                                 trajectory_reward)
 from memagent.rl.tiny import TINY_TEMPLATE
 from memagent.tokenizer import ByteTokenizer
 
@@ -343,3 +344,12 @@ def test_hotpotqa_task_keeps_gold_paragraphs_and_holds_out_questions(smol_tokeni
     held = task.held_out()
     assert not train_q & {r["question"] for r in held.rows}
     assert held.sample(3).question not in train_q
+
+
+def test_holds_answers_reads_the_whole_text_where_score_reads_the_extracted_answer():
+    notes = "Ticket OPS-4436 on Thursday; the summary says \\boxed{OPS-1200}."
+    assert holds_answers(notes, ("ops-4436",)) and not score(notes, ("ops-4436",), "sub_em")
+    assert holds_answers("7 and 9", ("7", "9"), "all") and not holds_answers("7 only", ("7", "9"), "all")
+    assert not holds_answers("anything", ("",)) and not holds_answers("", ("7",))
+    with pytest.raises(ValueError, match="match must be"):
+        holds_answers("7", ("7",), "most")

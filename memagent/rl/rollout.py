@@ -72,6 +72,16 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
+def holds_answers(text: str, answers, match: str = "any") -> bool:
+    """sub_em's test on `text` as it stands, with no answer extracted from it: a normalised gold answer
+    (every one, with `match="all"`) occurs in the normalised text. Also asks whether notes still hold it."""
+    if match not in ("any", "all"):
+        raise ValueError(f"match must be 'any' or 'all', got {match!r}")
+    golds = [g for g in map(normalize_answer, answers) if g]
+    got = normalize_answer(text or "")
+    return bool(golds) and (all if match == "all" else any)(g in got for g in golds)
+
+
 def score(reply: str, answers: tuple[str, ...], kind: str = "sub_em", match: str = "any") -> bool:
     """`sub_em`: a normalised gold answer occurs in the normalised extracted answer (MemAgent's eval
     metric). `boxed_em`: the last \\boxed{} exists and equals a gold answer after normalisation (the
@@ -79,15 +89,15 @@ def score(reply: str, answers: tuple[str, ...], kind: str = "sub_em", match: str
     each occurs in the answer, under boxed_em each occurs in the boxed text (a list has no one form)."""
     if match not in ("any", "all"):
         raise ValueError(f"match must be 'any' or 'all', got {match!r}")
-    golds = [g for g in map(normalize_answer, answers) if g]
     if kind == "boxed_em":
         boxed = extract_boxed(reply)
         if boxed is None:
             return False
-        pred, exact = normalize_answer(boxed), match == "any"
-    else:
-        pred, exact = normalize_answer(extract_answer(reply)), False
-    return bool(golds) and (all if match == "all" else any)(g == pred if exact else g in pred for g in golds)
+        if match == "all":
+            return holds_answers(boxed, answers, "all")
+        pred = normalize_answer(boxed)
+        return any(g == pred for g in map(normalize_answer, answers) if g)
+    return holds_answers(extract_answer(reply), answers, match)
 
 
 def trajectory_reward(traj: Trajectory, kind: str = "sub_em", format_reward: float = 0.0,
