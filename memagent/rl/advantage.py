@@ -28,7 +28,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .rollout import Trajectory
+from .rollout import Trajectory, holds_answers
 
 
 @dataclass
@@ -79,31 +79,77 @@ def group_advantages(rewards: list[float], groups: list[int], scale: str = "none
     return adv
 
 
-def filter_groups(trajs: list[Trajectory], tol: float = 1e-9) -> tuple[list[Trajectory], int]:
+def update_advantages(trajs: list[Trajectory], scale: str = "none", eps: float = 1e-4) -> list[list[float]]:
+    """A per-update signal (TrainConfig.update_reward; off by default, the seed scores the answer only).
+
+    Why: a read that found the fact and lost it at a later update ends wrong, and the final reward then
+    blames every update of that read alike, the one that found the fact too. Stored reads show this is
+    the common failure (benchmarks/reads_where_lost.py), so each update is also scored on its own output:
+    h = 1 when the notes it wrote hold a gold answer (`holds_answers`, the reward's sub_em test).
+
+    Centred per (group, chunk index): the G reads of a question see the same chunk t, so they are the
+    baseline for one another. Only updates that *could* hold the gold are compared: those whose previous
+    notes held it, and, when the chunk brings it (some read of the group holds it at t without having held
+    it before), all of them. An update with neither had nothing to keep and gets 0, so a read that missed
+    the evidence earlier is not blamed again for each later chunk. scale "group"/"batch" divide by that
+    cell's std, as group_advantages does. Returns one list per trajectory, one value per update turn."""
+    held = [[holds_answers(m, t.answers, t.match) for m in t.memories] for t in trajs]
+    cells: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for j, t in enumerate(trajs):
+        for i in range(len(held[j])):
+            cells[(t.group, i)].append(j)
+    out = [[0.0] * sum(c.kind == "update" for c in t.conversations) for t in trajs]
+    for (g, i), js in cells.items():
+        before = {j: i > 0 and held[j][i - 1] for j in js}
+        brings = any(held[j][i] and not before[j] for j in js)
+        able = [j for j in js if brings or before[j]]
+        if len(able) < 2:
+            continue
+        hs = [float(held[j][i]) for j in able]
+        m = sum(hs) / len(hs)
+        d = (_std(hs) + eps) if scale in ("group", "batch") else 1.0
+        for j, h in zip(able, hs):
+            if i < len(out[j]):
+                out[j][i] = (h - m) / d
+    return out
+
+
+def filter_groups(trajs: list[Trajectory], tol: float = 1e-9,
+                  update_signal: list[list[float]] | None = None) -> tuple[list[Trajectory], int]:
     """DAPO dynamic sampling: drop every group whose rewards are all equal (it has zero advantage, so it
-    would only dilute the batch). Returns the kept trajectories and the number of dropped groups."""
-    by_group: dict[int, list[Trajectory]] = defaultdict(list)
-    for t in trajs:
-        by_group[t.group].append(t)
+    would only dilute the batch). With a per-update signal (update_advantages) a group is also kept when
+    any of its updates has one. Returns the kept trajectories and the number of dropped groups."""
+    by_group: dict[int, list[int]] = defaultdict(list)
+    for j, t in enumerate(trajs):
+        by_group[t.group].append(j)
     kept, dropped = [], 0
-    for g, ts in by_group.items():
-        rs = [t.reward for t in ts]
-        if max(rs) - min(rs) > tol:
-            kept.extend(ts)
+    for g, js in by_group.items():
+        rs = [trajs[j].reward for j in js]
+        signal = update_signal is not None and any(abs(x) > tol for j in js for x in update_signal[j])
+        if max(rs) - min(rs) > tol or signal:
+            kept.extend(trajs[j] for j in js)
         else:
             dropped += 1
     return kept, dropped
 
 
 def expand_to_rows(trajs: list[Trajectory], advantages: list[float],
-                   mask_truncated_completions: bool = True) -> list[Row]:
-    """One row per conversation; every row of trajectory j carries advantages[j]."""
+                   mask_truncated_completions: bool = True,
+                   update_advs: list[list[float]] | None = None) -> list[Row]:
+    """One row per conversation; every row of trajectory j carries advantages[j], and its i-th update row
+    also update_advs[j][i] when a per-update signal is on (already weighted by update_reward)."""
     rows = []
     for j, (t, a) in enumerate(zip(trajs, advantages)):
+        u = 0
         for c in t.conversations:
+            extra = 0.0
+            if c.kind == "update":
+                if update_advs is not None and u < len(update_advs[j]):
+                    extra = update_advs[j][u]
+                u += 1
             active = len(c.response_ids) > 0 and not (mask_truncated_completions and not c.finished)
             rows.append(Row(prompt_ids=c.prompt_ids, response_ids=c.response_ids, sampler_logprobs=c.logprobs,
-                            advantage=a, trajectory=j, kind=c.kind, finished=c.finished, active=active))
+                            advantage=a + extra, trajectory=j, kind=c.kind, finished=c.finished, active=active))
     return rows
 
 

@@ -78,6 +78,10 @@ class TrainConfig:
     reward: str = "sub_em"  # sub_em (normalised substring, MemAgent's eval metric) | boxed_em (strict \boxed{} exact match)
     format_reward: float = 0.0  # added when the final reply contains \boxed{...}; 0 = off
     length_penalty: float = 0.0  # subtracted per trajectory when any of its turns hit its cap; 0 = off
+    # Weight of a per-update signal added to each memory update's advantage: do the notes it wrote hold a
+    # gold answer, against the group's other reads of the same chunk (advantage.update_advantages).
+    # 0 = off, the seed's final-answer-only reward. Not in MemAgent: it reads the gold while training.
+    update_reward: float = 0.0
     # --- rollout -------------------------------------------------------------------------------------
     backend: str = "embedded"  # embedded (the policy itself, shared weights) | openai (server; see rl/remote.py)
     backend_url: str = ""  # for backend=openai
@@ -183,6 +187,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.sft_first_token_weight <= 0:
             raise ConfigError(f"sft_first_token_weight must be positive, got {self.sft_first_token_weight}")
+        if self.update_reward < 0:
+            raise ConfigError(f"update_reward must be >= 0 (0 = off), got {self.update_reward}")
         if self.beta < 0:
             raise ConfigError(f"beta must be >= 0, got {self.beta}")
         if self.num_generations < 2 and self.dynamic_sampling:

@@ -32,7 +32,7 @@ from ..tokenizer import HFTokenizer
 from . import checkpoint, dist
 from . import metrics as metrics_io
 from .advantage import (assign_weights, expand_to_rows, filter_groups, group_advantages, normalise_mini_batches,
-                        weight_totals)
+                        update_advantages, weight_totals)
 from .config import TrainConfig
 from .data import make_task
 from .loss import policy_loss
@@ -177,7 +177,7 @@ class Trainer:
             if not c.dynamic_sampling:
                 kept += trajs
                 break
-            good, d = filter_groups(trajs)
+            good, d = filter_groups(trajs, update_signal=self.update_signal(trajs))
             dropped += d
             groups = sorted({t.group for t in good})[:need]
             kept += [t for t in good if t.group in set(groups)]
@@ -209,8 +209,15 @@ class Trainer:
                  f"(log-prob gap {gap:.4f} nats a token)")
         if not c.dynamic_sampling:
             return trajs, trajs, 0, 0
-        kept, dropped = filter_groups(trajs)
+        kept, dropped = filter_groups(trajs, update_signal=self.update_signal(trajs))
         return kept, trajs, dropped, 0
+
+    def update_signal(self, trajs) -> list[list[float]] | None:
+        """Each update's own advantage term (update_reward x update_advantages), or None when it is off."""
+        c = self.config
+        if not c.update_reward:
+            return None
+        return [[c.update_reward * x for x in u] for u in update_advantages(trajs, c.scale_rewards)]
 
     def sampler_gap(self, trajs) -> float | None:
         """Mean |this model's log-prob - the sampler's| per response token over these reads, all ranks."""
@@ -237,9 +244,12 @@ class Trainer:
             mean = s["s"] / max(s["n"], 1)
             batch_std = math.sqrt(max(s["q"] / max(s["n"], 1) - mean * mean, 0) * s["n"] / max(s["n"] - 1, 1))
         advs = group_advantages(rewards, [t.group for t in trajs], c.scale_rewards, batch_std=batch_std)
-        rows = expand_to_rows(trajs, advs, c.mask_truncated_completions)
+        signal = self.update_signal(trajs)
+        rows = expand_to_rows(trajs, advs, c.mask_truncated_completions, signal)
         totals = dist.sum_floats(weight_totals(rows))
         stats = {"rows": len(rows), "active_rows": sum(r.active for r in rows), "skipped": 0}
+        if signal is not None:
+            stats["update_signal_rows"] = sum(abs(x) > 0 for u in signal for x in u)
         if totals["tokens"] == 0:
             self._advance_schedule()
             return stats | {"note": "no trainable tokens"}
