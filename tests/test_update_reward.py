@@ -77,3 +77,16 @@ def test_the_trainer_adds_the_weighted_signal_to_its_update_rows(tmp_path):
     assert rec["update_signal_rows"] == 2
     off = tiny_trainer(tmp_path / "off", seed=3, dynamic_sampling=False)
     assert off.update_signal(reads) is None and "update_signal_rows" not in off.update(reads)
+
+
+def test_a_read_without_its_notes_is_refused_not_silently_given_no_signal(tmp_path):
+    bare = read(0, ["4821", "7777"])
+    bare.memories = []  # as a read stored before the notes were kept
+    with pytest.raises(ValueError, match="2 updates"):
+        update_advantages([bare, read(0, ["4821", "4821"])])
+    pytest.importorskip("torch")
+    from memagent.rl.engine import TrainError
+    from memagent.rl.tiny import tiny_trainer
+
+    with pytest.raises(TrainError, match="update_reward needs the notes"):
+        tiny_trainer(tmp_path, seed=3, update_reward=1.0).update_signal([bare])

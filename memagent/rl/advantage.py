@@ -92,13 +92,20 @@ def update_advantages(trajs: list[Trajectory], scale: str = "none", eps: float =
     notes held it, and, when the chunk brings it (some read of the group holds it at t without having held
     it before), all of them. An update with neither had nothing to keep and gets 0, so a read that missed
     the evidence earlier is not blamed again for each later chunk. scale "group"/"batch" divide by that
-    cell's std, as group_advantages does. Returns one list per trajectory, one value per update turn."""
+    cell's std (not the batch's: the cells are what is compared). Returns one list per trajectory, one value
+    per update turn; a read without its notes after every update (stored before they were kept) is refused,
+    since the signal would be silently 0 for it."""
+    for t in trajs:
+        updates = sum(c.kind == "update" for c in t.conversations)
+        if len(t.memories) != updates:
+            raise ValueError(f"read {t.sample_id}/{t.generation} has {len(t.memories)} notes for {updates} updates; "
+                             "update_reward needs the notes each update wrote")
     held = [[holds_answers(m, t.answers, t.match) for m in t.memories] for t in trajs]
     cells: dict[tuple[int, int], list[int]] = defaultdict(list)
     for j, t in enumerate(trajs):
         for i in range(len(held[j])):
             cells[(t.group, i)].append(j)
-    out = [[0.0] * sum(c.kind == "update" for c in t.conversations) for t in trajs]
+    out = [[0.0] * len(h) for h in held]
     for (g, i), js in cells.items():
         before = {j: i > 0 and held[j][i - 1] for j in js}
         brings = any(held[j][i] and not before[j] for j in js)
@@ -109,8 +116,7 @@ def update_advantages(trajs: list[Trajectory], scale: str = "none", eps: float =
         m = sum(hs) / len(hs)
         d = (_std(hs) + eps) if scale in ("group", "batch") else 1.0
         for j, h in zip(able, hs):
-            if i < len(out[j]):
-                out[j][i] = (h - m) / d
+            out[j][i] = (h - m) / d
     return out
 
 

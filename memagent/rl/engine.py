@@ -217,7 +217,11 @@ class Trainer:
         c = self.config
         if not c.update_reward:
             return None
-        return [[c.update_reward * x for x in u] for u in update_advantages(trajs, c.scale_rewards)]
+        try:
+            terms = update_advantages(trajs, c.scale_rewards)
+        except ValueError as e:
+            raise TrainError(str(e)) from None
+        return [[c.update_reward * x for x in u] for u in terms]
 
     def sampler_gap(self, trajs) -> float | None:
         """Mean |this model's log-prob - the sampler's| per response token over these reads, all ranks."""
