@@ -32,6 +32,7 @@ from .specials import defuse, pattern, special_strings
 from .tasks import Sample, format_length, iter_samples, resolve_tasks, tasks
 from .tasks.scoring import score
 from .tokenizer import Tokenizer
+from .where_lost import NotesTrail, attribute, count_outcomes, describe_outcomes
 
 DIRECT_PROMPT = ("Read the document below, then answer the question. Put the final answer inside \\boxed{{}}.\n\n"
                  "Question: {question}\n\n<document>\n{document}\n</document>\n\nQuestion: {question}\n"
@@ -127,6 +128,9 @@ def summarize(records: list[dict]) -> list[dict]:
             "skipped_chunks": sum(r.get("skipped_chunks", 0) for r in rs),
             "exits": sum(r.get("exit_chunk") is not None for r in rs),
         })
+        outcomes = count_outcomes(rs)
+        if outcomes is not None:
+            rows[-1]["read_outcomes"] = outcomes  # where the wrong reads lost the gold (memagent/where_lost.py)
     return rows
 
 
@@ -243,7 +247,8 @@ class Runner:
         reply = None
         try:
             if self.agent is not None:
-                a = (await self.agent.aread(io.StringIO(s.document), [s.question]))[0]
+                trail = NotesTrail()  # the notes after each update, to say where a wrong read lost the gold
+                a = (await self.agent.aread(io.StringIO(s.document), [s.question], trace=trail))[0]
                 reply, rec["error"] = a.reply, a.error
                 # after an exit the reader stopped early: doc_tokens stays the document's size (the builder's
                 # count), read_tokens says how much of it was read
@@ -269,6 +274,8 @@ class Runner:
         pred, scores = score(s.metric, None if rec["error"] else reply, s.gold)
         rec.update(prediction=pred, reply=(reply or "")[:REPLY_CHARS], scores=scores,
                    correct=scores[s.metric], seconds=round(time.perf_counter() - t0, 3))
+        if self.agent is not None:
+            rec.update(attribute(trail.notes, s.metric, s.gold, rec["correct"], rec["error"]))
         return rec
 
 
@@ -505,6 +512,7 @@ def main(args) -> int:
     for r in summary["results"]:
         se = f" ± {r['accuracy_se']:.2f}" if r.get("accuracy_se") is not None else ""
         print(f"{r['task']:16} {r['length_label']:>6}  {r['metric']} {r['accuracy']:6.2f}{se}  n={r['n']} "
-              f"failures={r['failures']}  {r['seconds_per_sample']}s/sample")
+              f"failures={r['failures']}  {r['seconds_per_sample']}s/sample  "
+              f"{describe_outcomes(r.get('read_outcomes'))}")
     print(f"results: {Path(args.out) / 'summary.json'}", file=sys.stderr)
     return 1 if summary["totals"]["failures"] else 0

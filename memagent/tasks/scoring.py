@@ -71,6 +71,21 @@ def qa_scores(pred: str, golds: list[str]) -> dict[str, float]:
             "f1": max(f1_score(pred, g) for g in golds)}
 
 
+def notes_hold(metric: str, notes: str, golds: list[str]) -> bool:
+    """Whether notes (not an answer: nothing is extracted from them) state the gold as `metric` counts it:
+    every gold for string_match_all, any for string_match_part (both case-insensitive), and for sub_em
+    a normalised gold inside the normalised notes. sub_em's other direction (the prediction inside the
+    gold) is left out on purpose: short notes such as "the" would otherwise hold every answer."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
+    if metric == "string_match_all":
+        return bool(golds) and string_match_all(notes, golds) == 1.0
+    if metric == "string_match_part":
+        return bool(golds) and string_match_part(notes, golds) == 1.0
+    got = normalize_answer(notes)
+    return any(g and g in got for g in map(normalize_answer, golds))
+
+
 def score(metric: str, reply: str | None, golds: list[str]) -> tuple[str, dict[str, float]]:
     """(prediction, scores) for one sample; `scores[metric]` is the task's main number.
 
