@@ -9,7 +9,7 @@ and rewriting it away (or answering past notes that hold it).
     python benchmarks/reads_where_lost.py benchmarks/results/dapo19_notes_0.5b/rollouts.jsonl.gz
 
 Prints one line per file and writes benchmarks/results/reads_where_lost.json (command, date, machine).
-A gold counts as held by the reward's own test (sub_em, `memagent.rl.rollout.holds_answers`) applied to
+A gold counts as held by the reward's own test (sub_em, `memagent.tasks.scoring.holds_answers`) applied to
 the notes: it occurs in them after SQuAD normalisation, so "1,288" and "1288" match; for a read with
 several answers any one counts (`match` "any") or all must (`match` "all").
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
-from memagent.rl.rollout import holds_answers  # noqa: E402  (the reward's sub_em test, on the notes as written)
+from memagent.tasks.scoring import holds_answers  # noqa: E402  (the reward's sub_em test, on the notes as written)
 
 
 def tally(reads) -> dict:

@@ -38,7 +38,8 @@ def needle_keys(text: str) -> list[str]:
 
 
 def classify_drops(record: dict, chunk_keys: list[list[str]], asked_key: str) -> dict:
-    """Counts of this record's drops by what the dropping chunk held, and the chunks holding the asked key."""
+    """Counts of this record's drops by what the dropping chunk held: the asked key's own needle, another
+    key's (a look-alike), or no needle."""
     out = {"look_alike": 0, "no_needle": 0, "own_needle": 0}
     for c in record.get("notes_lost_at", []):
         keys = chunk_keys[c] if c < len(chunk_keys) else []

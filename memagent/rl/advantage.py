@@ -28,7 +28,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .rollout import Trajectory, holds_answers
+from ..tasks.scoring import holds_answers
+from .rollout import Trajectory
 
 
 @dataclass

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import re
-import string
 from dataclasses import dataclass, field, replace
 
 from ..prompts import extract_answer, extract_boxed
 from ..protocol import Backend, Generation, GenerationRequest
 from ..reader import Reader, ReadState
+from ..tasks.scoring import holds_answers, normalize_answer  # the reward's tests, shared with eval
 from .data import Sample
 
 
@@ -63,24 +62,6 @@ class Trajectory:
 
 
 # ---- reward ------------------------------------------------------------------------------------------
-
-def normalize_answer(text: str) -> str:
-    """SQuAD/HotpotQA normalisation (lower case, no punctuation, no articles, single spaces)."""
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in set(string.punctuation))
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
-
-
-def holds_answers(text: str, answers, match: str = "any") -> bool:
-    """sub_em's test on `text` as it stands, with no answer extracted from it: a normalised gold answer
-    (every one, with `match="all"`) occurs in the normalised text. Also asks whether notes still hold it."""
-    if match not in ("any", "all"):
-        raise ValueError(f"match must be 'any' or 'all', got {match!r}")
-    golds = [g for g in map(normalize_answer, answers) if g]
-    got = normalize_answer(text or "")
-    return bool(golds) and (all if match == "all" else any)(g in got for g in golds)
-
 
 def score(reply: str, answers: tuple[str, ...], kind: str = "sub_em", match: str = "any") -> bool:
     """`sub_em`: a normalised gold answer occurs in the normalised extracted answer (MemAgent's eval

@@ -71,19 +71,30 @@ def qa_scores(pred: str, golds: list[str]) -> dict[str, float]:
             "f1": max(f1_score(pred, g) for g in golds)}
 
 
+def holds_answers(text: str, answers, match: str = "any") -> bool:
+    """sub_em's test on `text` as it stands, with no answer extracted from it: a normalised gold answer
+    (every one, with `match="all"`) occurs in the normalised text. It asks whether notes hold the gold
+    (training's per-update signal, eval's notes_hold) and, on an extracted answer, is the RL reward.
+    sub_em's other direction (the prediction inside the gold) is left out on purpose: short notes such as
+    "the" would otherwise hold every answer."""
+    if match not in ("any", "all"):
+        raise ValueError(f"match must be 'any' or 'all', got {match!r}")
+    golds = [g for g in map(normalize_answer, answers) if g]
+    got = normalize_answer(text or "")
+    return bool(golds) and (all if match == "all" else any)(g in got for g in golds)
+
+
 def notes_hold(metric: str, notes: str, golds: list[str]) -> bool:
     """Whether notes (not an answer: nothing is extracted from them) state the gold as `metric` counts it:
     every gold for string_match_all, any for string_match_part (both case-insensitive), and for sub_em
-    a normalised gold inside the normalised notes. sub_em's other direction (the prediction inside the
-    gold) is left out on purpose: short notes such as "the" would otherwise hold every answer."""
+    `holds_answers` (a normalised gold inside the normalised notes)."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
     if metric == "string_match_all":
         return bool(golds) and string_match_all(notes, golds) == 1.0
     if metric == "string_match_part":
         return bool(golds) and string_match_part(notes, golds) == 1.0
-    got = normalize_answer(notes)
-    return any(g and g in got for g in map(normalize_answer, golds))
+    return holds_answers(notes, golds)
 
 
 def score(metric: str, reply: str | None, golds: list[str]) -> tuple[str, dict[str, float]]:
