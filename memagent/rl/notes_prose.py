@@ -18,6 +18,8 @@ skill (keep the asked fact, drop look-alike facts about other things) is drawn i
 * on request only, facts a qualifier tells apart from a look-alike: a post handed from one person to
   another, asked for the new holder or the old (role_handover), and one attribute of one thing on several
   days, asked for one day's value (attr_dated);
+* on request only (shape report), a whole document about one organisation, its people in their roles
+  and its counts of different things, in report sentences of its own (rl/notes_report.py);
 * questions phrased several ways.
 
 Held out on purpose (never drawn here): the planted-fact benchmark's attribute ("access code"), and the
@@ -360,13 +362,18 @@ def _extreme(rng: random.Random):
 
 def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
     """One document whose asked fact is told in prose (see the module docstring); a notes_data.Sample."""
-    from .data import Sample
+    from .notes_report import report_fact  # it imports this module's names lists
 
     # The default draw weighs attributes twice; a config may narrow it (notes_prose_shapes) to aim a round at
     # the one shape its reads fail on, e.g. roles in DAPO round 7. role_split and role_told are opt-in (not in
     # the default shapes), so the default draws the same documents as before they existed.
     shape = rng.choice([s for s in ("attr", "attr", "role", "extreme", "role_split", "role_told",
-                                    "role_handover", "attr_dated") if s in task.prose_shapes])
+                                    "role_handover", "attr_dated", "report") if s in task.prose_shapes])
+    if shape == "report":  # a whole document about one organisation, its own filler (rl/notes_report.py)
+        gold, distract, question, answers, subject, opener, filler = report_fact(rng)
+        task._titles = (opener, None)  # the report's own opening line, first whatever the title draw was
+        return _place(task, rng, n_chunks, index, shape, "report", filler, gold, distract, question, answers,
+                      subject)
     # `subject`: the role a role question asks about, which a title may name (notes_title_share).
     gold, distract, question, answers, subject = {"attr": _attr, "role": _role, "extreme": _extreme,
                                          "role_split": _role_split, "role_told": _role_told,
@@ -379,6 +386,12 @@ def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
     else:
         hay = rng.choice(("essay", "essay", "squad", "hotpot"))
     filler = task._filler(hay, rng, "", ("words", "numbers"), set())
+    return _place(task, rng, n_chunks, index, shape, hay, filler, gold, distract, question, answers, subject)
+
+
+def _place(task, rng, n_chunks, index, shape, hay, filler, gold, distract, question, answers, subject):
+    from .data import Sample
+
     chunks, ev_sents = task._layout(rng, n_chunks, filler, gold + distract, n_gold=len(gold), subject=subject)
     evidence = [[e for e in per if e in gold] for per in ev_sents]
     placed = {e for per in ev_sents for e in per}
