@@ -15,8 +15,8 @@ So here the whole document is about one organisation:
 * 2-5 people, each in a different role, told in report wordings (the name before or after the role, the
   role in an aside, the name a sentence later);
 * 2-4 counts of different things the organisation did, each with its own noun and verb, and for the
-  asked thing sometimes a part done by one person ("... 47 of them by Noor Hollis") and last period's
-  figure ("Last month the figure was 290.");
+  asked thing sometimes a part done by one person ("Of those, 47 were baked by Noor Hollis.") and last
+  period's figure ("Last month, 290 loaves were baked.");
 * a question for one person by role, or for one count by its thing and qualifier (this period, last
   period, or one person's part), so the look-alikes are the same document's other people and numbers.
 
@@ -128,7 +128,7 @@ FILLER = (
 )
 _DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday")
 
-ROLE_LINES = (  # {r} the role, {n} the person, {o} the organisation
+ROLE_LINES = (  # {r} the role, {n} the person
     "Our {r}, {n}, asked me to thank everyone who helped this {period}.",
     "{n}, the {r}, has agreed to carry on for another year.",
     "We welcome {n} as our new {r}.",
@@ -184,7 +184,7 @@ def report_fact(rng: random.Random):
     things = rng.sample(things_all, rng.randint(2, 4))
     names = rng.sample([f"{f} {l}" for f in rng.sample(_FIRST, 10) for l in rng.sample(_LAST, 6)], len(roles) + 3)
     people, part_person, visitors = names[:len(roles)], names[len(roles)], names[len(roles) + 1:]
-    numbers = _numbers(rng, len(things) + 1, lo=12, hi=980)
+    numbers = _numbers(rng, len(things) + 1)
     counts, last = numbers[:len(things)], numbers[len(things)]
     part = max(2, counts[0] // rng.randint(3, 9))  # one person's part of the asked total
     if any(str(part) in str(o) or str(o) in str(part) for o in numbers):
