@@ -35,7 +35,7 @@ class ConfigError(ValueError):
 # role_split (a role named a sentence before its person, among other names), role_told (the same after a
 # role sentence that sounds finished), role_handover (a post passing between two people) and attr_dated (one
 # value per day, one day asked) are drawn only when asked for.
-NOTES_PROSE_SHAPES = ("attr", "role", "extreme", "role_split", "role_told", "role_handover", "attr_dated", "report")
+NOTES_PROSE_SHAPES = ("attr", "role", "extreme", "role_split", "role_told", "role_handover", "attr_dated", "report", "roster")
 NOTES_DEFAULT_SHAPES = ("attr", "role", "extreme")
 
 

@@ -19,7 +19,9 @@ skill (keep the asked fact, drop look-alike facts about other things) is drawn i
   another, asked for the new holder or the old (role_handover), and one attribute of one thing on several
   days, asked for one day's value (attr_dated);
 * on request only (shape report), a whole document about one organisation, its people in their roles
-  and its counts of different things, in report sentences of its own (rl/notes_report.py);
+  and its counts of different things, in report sentences of its own (rl/notes_report.py), and (shape
+  roster) the same kind of report whose asked person has look-alikes of the same kind: the post's holder
+  before, another prize's winner, another day's person, the deputy (rl/notes_roster.py);
 * questions phrased several ways.
 
 Held out on purpose (never drawn here): the planted-fact benchmark's attribute ("access code"), and the
@@ -362,15 +364,17 @@ def _extreme(rng: random.Random):
 
 def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
     """One document whose asked fact is told in prose (see the module docstring); a notes_data.Sample."""
-    from .notes_report import report_fact  # it imports this module's names lists
+    from .notes_report import report_fact  # they import this module's names lists
+    from .notes_roster import roster_fact
 
     # The default draw weighs attributes twice; a config may narrow it (notes_prose_shapes) to aim a round at
     # the one shape its reads fail on, e.g. roles in DAPO round 7. role_split and role_told are opt-in (not in
     # the default shapes), so the default draws the same documents as before they existed.
     shape = rng.choice([s for s in ("attr", "attr", "role", "extreme", "role_split", "role_told",
-                                    "role_handover", "attr_dated", "report") if s in task.prose_shapes])
-    if shape == "report":  # a whole document about one organisation, its own filler (rl/notes_report.py)
-        gold, distract, question, answers, subject, opener, filler = report_fact(rng)
+                                    "role_handover", "attr_dated", "report", "roster") if s in task.prose_shapes])
+    if shape in ("report", "roster"):  # a whole document about one organisation, its own filler
+        gold, distract, question, answers, subject, opener, filler = (report_fact if shape == "report"
+                                                                      else roster_fact)(rng)
         task._titles = (opener, None)  # the report's own opening line, first whatever the title draw was
         return _place(task, rng, n_chunks, index, shape, "report", filler, gold, distract, question, answers,
                       subject)
