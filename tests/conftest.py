@@ -23,6 +23,20 @@ if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
 
 
 @pytest.fixture(scope="session")
+def report_samples(smol_tokenizer):
+    """report_samples(shape, seed): a notes task drawing only `shape` (report or roster: whole documents
+    about one organisation) over 1-2 chunks of 512, as DAPO rounds 24 and 25 drew them, and its first 80
+    samples."""
+    from memagent.rl.notes_data import NotesTask
+
+    def draw(shape: str, seed: int, n: int = 80):
+        t = NotesTask(smol_tokenizer, chunk_tokens=512, max_chunks=2, min_chunks=1, memory_tokens=64, seed=seed,
+                      qa_share=0.0, prose_share=1.0, prose_shapes=(shape,), early_share=0.45, late_share=0.45)
+        return t, [t.sample(i) for i in range(n)]
+    return draw
+
+
+@pytest.fixture(scope="session")
 def smol_tokenizer():
     """SmolLM2's real tokenizer (byte-level BPE), converted once from the packaged GGUF and cached."""
     from memagent import models

@@ -10,10 +10,8 @@ from memagent.rl.notes_data import NotesTask
 
 
 @pytest.fixture(scope="module")
-def reports(smol_tokenizer):
-    t = NotesTask(smol_tokenizer, chunk_tokens=512, max_chunks=2, min_chunks=1, memory_tokens=64, seed=5,
-                  qa_share=0.0, prose_share=1.0, prose_shapes=("report",), early_share=0.45, late_share=0.45)
-    return t, [t.sample(i) for i in range(80)]
+def reports(report_samples):
+    return report_samples("report", seed=5)
 
 
 def _kind(s) -> str:

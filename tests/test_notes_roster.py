@@ -13,10 +13,8 @@ NAME = re.compile(rf"\b(?:{'|'.join(_FIRST)}) [A-ZÜ][a-zü]+\b")  # a person, n
 
 
 @pytest.fixture(scope="module")
-def rosters(smol_tokenizer):
-    t = NotesTask(smol_tokenizer, chunk_tokens=512, max_chunks=2, min_chunks=1, memory_tokens=64, seed=9,
-                  qa_share=0.0, prose_share=1.0, prose_shapes=("roster",), early_share=0.45, late_share=0.45)
-    return t, [t.sample(i) for i in range(80)]
+def rosters(report_samples):
+    return report_samples("roster", seed=9)
 
 
 def _kind(s) -> str:
