@@ -43,6 +43,11 @@ def test_adapters_that_mean_different_things_are_refused_with_a_clear_error(tmp_
         mean_adapter([a, b], tmp_path / "m")
     with pytest.raises(AdapterMeanError, match="target_modules"):
         mean_adapter([a, _adapter(tmp_path / "c", seed=2, targets=("q_proj",))], tmp_path / "m")
+    patterned = _adapter(tmp_path / "d", seed=3)  # a per-module rank on the second adapter only
+    cfg = json.loads((patterned / "adapter_config.json").read_text())
+    (patterned / "adapter_config.json").write_text(json.dumps(dict(cfg, rank_pattern={"q_proj": 8})))
+    with pytest.raises(AdapterMeanError, match="plain LoRA"):
+        mean_adapter([a, patterned], tmp_path / "m")
     with pytest.raises(AdapterMeanError, match="at least two"):
         mean_adapter([a], tmp_path / "m")
     assert main([str(tmp_path / "m"), str(a), str(tmp_path / "missing")]) == 1

@@ -47,7 +47,7 @@ def mean_adapter(folders: list[str | Path], out: str | Path) -> Path:
                   for v in (c.get(key) for c in configs)}
         if len(values) > 1:
             raise AdapterMeanError(f"the adapters differ in {key}: {sorted(values)}")
-    if configs[0].get("use_dora") or configs[0].get("rank_pattern") or configs[0].get("alpha_pattern"):
+    if any(c.get("use_dora") or c.get("rank_pattern") or c.get("alpha_pattern") for c in configs):
         raise AdapterMeanError("only plain LoRA with one rank and alpha can be averaged this way")
     keys = set(weights[0])
     if any(set(w) != keys for w in weights):

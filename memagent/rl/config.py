@@ -33,9 +33,12 @@ class ConfigError(ValueError):
 
 # The prose fact shapes rl/notes_prose.py can draw; one list for the config's check and the generator's.
 # role_split (a role named a sentence before its person, among other names), role_told (the same after a
-# role sentence that sounds finished), role_handover (a post passing between two people) and attr_dated (one
-# value per day, one day asked) are drawn only when asked for.
-NOTES_PROSE_SHAPES = ("attr", "role", "extreme", "role_split", "role_told", "role_handover", "attr_dated", "report", "roster")
+# role sentence that sounds finished), role_handover (a post passing between two people), attr_dated (one
+# value per day, one day asked), report (a whole document about one organisation, rl/notes_report.py) and
+# roster (such a report whose asked person has look-alikes of the same kind, rl/notes_roster.py) are drawn
+# only when asked for.
+NOTES_PROSE_SHAPES = ("attr", "role", "extreme", "role_split", "role_told", "role_handover", "attr_dated",
+                      "report", "roster")
 NOTES_DEFAULT_SHAPES = ("attr", "role", "extreme")
 
 
