@@ -65,6 +65,7 @@ class TrainConfig:
     chunk_tokens: int = 128  # model tokens per chunk
     num_distractors: int = 2  # other key->value facts planted in the document (kv task)
     notes_qa_share: float = 0.25  # task notes: share of document-QA samples (SQuAD/HotpotQA train halves)
+    notes_qa_context_share: float = 0.0  # task notes: share of those asked over whole paragraphs (SQuAD train half)
     notes_prose_share: float = 0.0  # task notes: share of facts told in prose (rl/notes_prose.py); rest: needles
     notes_prose_noise: float = 0.0  # task notes: share of prose facts set in RULER's repeated noise sentences
     notes_late_share: float = 0.0  # task notes: share of 2+ chunk documents with all evidence in the last chunk
@@ -185,7 +186,7 @@ class TrainConfig:
         if self.notes_early_share + self.notes_late_share > 1:
             raise ConfigError("notes_early_share and notes_late_share share one draw and must sum to at most 1")
         for name in ("notes_prose_noise", "notes_late_share", "notes_early_share", "notes_needle_essay_share",
-                     "notes_decoy_share", "notes_title_share", "notes_title_word_share"):
+                     "notes_decoy_share", "notes_title_share", "notes_title_word_share", "notes_qa_context_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.sft_first_token_weight <= 0:

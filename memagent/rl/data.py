@@ -229,5 +229,6 @@ def make_task(config, tokenizer: Tokenizer):
                          late_share=config.notes_late_share, early_share=config.notes_early_share,
                          prose_shapes=config.notes_prose_shapes,
                          needle_essay_share=config.notes_needle_essay_share, decoy_share=config.notes_decoy_share,
-                         title_share=config.notes_title_share, title_word_share=config.notes_title_word_share)
+                         title_share=config.notes_title_share, title_word_share=config.notes_title_word_share,
+                         qa_context_share=config.notes_qa_context_share)
     raise ValueError(f"unknown task {config.task!r}")

@@ -195,7 +195,8 @@ class NotesTask:
                  seed: int = 0, min_chunks: int = 1, qa_share: float = 0.25, prose_share: float = 0.0,
                  prose_noise: float = 0.0, late_share: float = 0.0, early_share: float = 0.0,
                  prose_shapes: tuple[str, ...] = NOTES_DEFAULT_SHAPES, needle_essay_share: float = 0.0,
-                 decoy_share: float = 0.0, title_share: float = 0.0, title_word_share: float = 0.0):
+                 decoy_share: float = 0.0, title_share: float = 0.0, title_word_share: float = 0.0,
+                 qa_context_share: float = 0.0):
         if not prose_shapes or set(prose_shapes) - set(NOTES_PROSE_SHAPES):
             raise ValueError(f"prose_shapes must be a non-empty subset of {NOTES_PROSE_SHAPES}, got {prose_shapes!r}")
         self.prose_shapes = tuple(prose_shapes)
@@ -203,7 +204,7 @@ class NotesTask:
         self.prose_share, self.prose_noise, self.late_share = prose_share, prose_noise, late_share
         self.early_share = early_share
         self.needle_essay_share, self.decoy_share, self.title_share = needle_essay_share, decoy_share, title_share
-        self.title_word_share = title_word_share
+        self.title_word_share, self.qa_context_share = title_word_share, qa_context_share
         self._titles = None  # title_lines() of the sample being drawn (sample() draws, _layout places one)
         self.min_chunks, self.memory_tokens, self.seed, self.qa_share = min_chunks, memory_tokens, seed, qa_share
         self._pools: dict = {}
@@ -334,7 +335,8 @@ class NotesTask:
             n = self.ntok(text + sep)
             units.append((text, sep, False, n))
             used += n
-        sep = "\n" if all(u[1] == "\n" for u in units) else " "
+        seps = {u[1] for u in units}
+        sep = seps.pop() if seps in ({"\n"}, {"\n\n"}) else " "  # a planted paragraph among paragraphs
         for p in planted:
             units.insert(rng.randint(0, len(units)), (p, sep, True, self.ntok(p + sep)))
         return self._pack(head + units, n_chunks)
@@ -426,6 +428,11 @@ class NotesTask:
         return (d["question"], d["answer"], gold) if any(d["answer"].lower() in g.lower() for g in gold) else None
 
     def _qa(self, rng: random.Random, n_chunks: int, index: int) -> Sample | None:
+        # drawn only when set, so every earlier seed keeps its documents
+        if self.qa_context_share and rng.random() < self.qa_context_share:
+            from .notes_squad import squad_in_context
+
+            return squad_in_context(self, rng, n_chunks, index)
         if rng.random() < 0.6:
             para = rng.choice(rng.choice(self._pool("squad_arts")))
             qas = [q for q in para["qas"] if not q.get("is_impossible") and q["answers"]]
