@@ -194,7 +194,26 @@ def extract_boxed(reply: str) -> str | None:
     return reply[start:].strip()  # unbalanced: the reply was cut off inside the box; take what is there
 
 
+_TEXT_WRAP = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mbox)\s*\{(.*)\}", re.S)
+
+
+def unwrap_text(answer: str) -> str:
+    """`\\text{Atlantic}` -> `Atlantic`: models trained on maths write a worded answer as LaTeX text
+    inside the box (round 26's step made it most answers), and a user asked a question wants the words.
+    Only a wrapper around the whole answer is removed, and only when its braces pair up inside it."""
+    while (m := _TEXT_WRAP.fullmatch(answer.strip())):
+        depth = 0
+        for ch in m.group(1):
+            depth += {"{": 1, "}": -1}.get(ch, 0)
+            if depth < 0:  # "\\text{a} and \\text{b}": two wrappers, not one
+                return answer.strip()
+        if depth:
+            return answer.strip()
+        answer = m.group(1)
+    return answer.strip()
+
+
 def extract_answer(reply: str) -> str:
     reply = strip_reasoning(reply)
     boxed = extract_boxed(reply)
-    return boxed if boxed is not None else reply.strip()
+    return unwrap_text(boxed) if boxed is not None else reply.strip()

@@ -85,6 +85,13 @@ def test_render_property(chunk, question, memory):
     ("<think>\\boxed{wrong}</think> \\boxed{right}", "right"),
     ("cut off \\boxed{unfinish", "unfinish"),
     ("\\fbox{x}", "x"),
+    # a worded answer in LaTeX text (round 26's answers): the words, not the markup
+    ("\\boxed{\\text{Atlantic}}", "Atlantic"),
+    ("\\boxed{ \\textbf{\\text{the Vistula River}} }", "the Vistula River"),
+    ("\\boxed{\\text{a} and \\text{b}}", "\\text{a} and \\text{b}"),  # two wrappers: left as written
+    ("\\boxed{\\text{f(x) = {1}}}", "f(x) = {1}"),
+    ("\\boxed{\\text{cut off", "\\text{cut off"),
+    ("\\boxed{x \\text{km}}", "x \\text{km}"),  # a unit inside an answer stays
 ])
 def test_extract_answer(reply, answer):
     assert extract_answer(reply) == answer
