@@ -6,6 +6,9 @@ file that moved shows up here in a second instead of after an hour of sampling.
 """
 from __future__ import annotations
 
+import gzip
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -33,3 +36,37 @@ def test_config_loads_and_its_inputs_exist(path):
         built = a.name == "final" and a.parent.as_posix() in OUTPUTS
         assert built or (ROOT / a / "adapter_model.safetensors").is_file(), \
             f"{path.name}: init_adapter {a} is neither in the repo nor made by another config"
+
+
+def _stored_reads(collect: Path) -> Path | None:
+    """Where a DAPO round's reads were kept: configs/notes-qwen0.5b-dapoNN-collect.toml ->
+    benchmarks/results/dapoNN_notes_0.5b/rollouts.jsonl.gz."""
+    m = re.fullmatch(r"notes-qwen0\.5b-dapo(\d+)-collect\.toml", collect.name)
+    store = m and ROOT / "benchmarks" / "results" / f"dapo{m.group(1)}_notes_0.5b" / "rollouts.jsonl.gz"
+    return store if store and store.is_file() else None
+
+
+COLLECTS = [p for p in CONFIGS if _stored_reads(p)]
+
+
+def test_every_kept_round_has_its_collect_config():
+    assert len(COLLECTS) >= 20
+
+
+@pytest.mark.parametrize("path", COLLECTS, ids=lambda p: p.name)
+def test_collect_config_draws_the_questions_its_kept_reads_were_asked(path):
+    """A generator change must not move the documents of an earlier round's seed: its reads are kept, and
+    its collect config is how anyone rebuilds them (and the round after it)."""
+    from memagent import models
+    from memagent.rl.data import make_task
+    from memagent.tokenizer import HFTokenizer
+
+    c = load_config(path)
+    task = make_task(c, HFTokenizer.from_file(models.tokenizer_path(c.model)))
+    asked = {}
+    for line in gzip.open(_stored_reads(path), "rt"):
+        r = json.loads(line)
+        asked.setdefault(r["sample_id"], (r["question"], tuple(r["answers"])))
+    for sid, (question, answers) in asked.items():
+        s = task.sample(int(sid.rsplit("-", 1)[1]))
+        assert (s.id, s.question, tuple(s.answers)) == (sid, question, answers), f"{path.name}: {sid} moved"

@@ -14,9 +14,14 @@ def squad_docs(smol_tokenizer):
     return t, [t.sample(i) for i in range(40)]
 
 
-def test_the_whole_paragraph_is_there_once_among_paragraphs_without_the_answer(squad_docs):
+@pytest.fixture(scope="module")
+def title_of():
+    """Every SQuAD dev paragraph (stripped) -> its article's title."""
+    return {p["context"].strip(): a["title"] for a in corpora.load_json("squad")["data"] for p in a["paragraphs"]}
+
+
+def test_the_whole_paragraph_is_there_once_among_paragraphs_without_the_answer(squad_docs, title_of):
     task, samples = squad_docs
-    train = {p["context"].strip(): a["title"] for a in corpora.load_json("squad")["data"] for p in a["paragraphs"]}
     for s in samples:
         assert s.meta["kind"] == "qa" and s.meta["context"] and len(s.answers) == 1
         answer = s.answers[0]
@@ -24,7 +29,7 @@ def test_the_whole_paragraph_is_there_once_among_paragraphs_without_the_answer(s
         with_answer = [p.strip() for p in paragraphs if answer in p]
         # one paragraph holds the answer, whole (not cut by a chunk edge), from a train-half article
         assert len(with_answer) == 1, (s.id, with_answer)
-        assert with_answer[0] in train and split_of(train[with_answer[0]]) == "train"
+        assert with_answer[0] in title_of and split_of(title_of[with_answer[0]]) == "train"
         # the evidence is that paragraph's answer sentence, in the chunk that holds the paragraph
         ev = [(i, e) for i, per in enumerate(s.meta["evidence"]) for e in per]
         assert len(ev) == 1 and answer in ev[0][1] and ev[0][1] in with_answer[0]
@@ -35,14 +40,12 @@ def test_the_whole_paragraph_is_there_once_among_paragraphs_without_the_answer(s
     assert {len(s.chunks) for s in samples} == {1, 2}
 
 
-def test_same_article_filler_comes_from_the_asked_article(squad_docs):
+def test_same_article_filler_comes_from_the_asked_article(squad_docs, title_of):
     _, samples = squad_docs
-    article_of = {p["context"].strip(): a["title"] for a in corpora.load_json("squad")["data"]
-                  for p in a["paragraphs"]}
     same = [s for s in samples if s.meta["haystack"] == "squad_same"]
     assert len(same) >= 10
     for s in same:
-        titles = {article_of.get(p.strip()) for ch in s.chunks for p in ch.split("\n\n") if p.strip()}
+        titles = {title_of.get(p.strip()) for ch in s.chunks for p in ch.split("\n\n") if p.strip()}
         assert len(titles) == 1 and None not in titles, (s.id, titles)
 
 

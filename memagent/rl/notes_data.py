@@ -435,7 +435,7 @@ class NotesTask:
             return squad_in_context(self, rng, n_chunks, index)
         if rng.random() < 0.6:
             para = rng.choice(rng.choice(self._pool("squad_arts")))
-            qas = [q for q in para["qas"] if not q.get("is_impossible") and q["answers"]]
+            qas = corpora.answerable(para)
             if not qas:
                 return None
             qa = rng.choice(qas)
@@ -453,11 +453,14 @@ class NotesTask:
         filler = self._filler(rng.choice(("squad", "hotpot", "essay")), rng, "", ("words", "numbers"), set())
         chunks, ev_sents = self._layout(rng, n_chunks, filler, gold_sents, n_gold=len(gold_sents))
         evidence = [[e for e in per if e in gold_sents] for per in ev_sents]
-        if rng.random() < 0.3:
-            question = ("Answer the question based on the given documents. Only give me the answer and do not "
-                        f"output any other words.\n\nQuestion: {question}")
+        question = as_asked(rng, question)
         return Sample(id=f"notes-{self.seed}-{index}", question=question, answers=(answer,), chunks=tuple(chunks),
                       meta={"evidence": evidence, "haystack": hay, "distractors": 0, "kind": "qa"})
+
+
+def as_asked(rng: random.Random, question: str) -> str:
+    """A training QA question, in RULER qa's wording 30% of the time and bare otherwise (one draw either way)."""
+    return corpora.RULER_QA_PROMPT.format(q=question) if rng.random() < 0.3 else question
 
 
 def oracle_memories(sample: Sample, empty: str) -> list[str]:

@@ -11,6 +11,7 @@ import random
 
 from ..tasks import data as corpora
 from .data import Sample
+from .notes_data import as_asked
 
 
 def squad_in_context(task, rng: random.Random, n_chunks: int, index: int) -> Sample | None:
@@ -22,7 +23,7 @@ def squad_in_context(task, rng: random.Random, n_chunks: int, index: int) -> Sam
     oracle and the where-lost tools check."""
     art = rng.choice(task._pool("squad_arts"))
     para = rng.choice(art)
-    qas = [q for q in para["qas"] if not q.get("is_impossible") and q["answers"]]
+    qas = corpora.answerable(para)
     if not qas:
         return None
     qa = rng.choice(qas)
@@ -44,10 +45,6 @@ def squad_in_context(task, rng: random.Random, n_chunks: int, index: int) -> Sam
     if any(task.ntok(c) > task.chunk_tokens for c in chunks):  # units are counted apart; joined, a token more
         return None
     evidence = [list(gold) if context in per else [] for per in placed]
-    question = qa["question"]
-    if rng.random() < 0.3:
-        question = ("Answer the question based on the given documents. Only give me the answer and do not "
-                    f"output any other words.\n\nQuestion: {question}")
-    return Sample(id=f"notes-{task.seed}-{index}", question=question, answers=(answer,), chunks=tuple(chunks),
+    return Sample(id=f"notes-{task.seed}-{index}", question=as_asked(rng, qa["question"]), answers=(answer,), chunks=tuple(chunks),
                   meta={"evidence": evidence, "haystack": "squad_same" if same else "squad", "distractors": 0,
                         "kind": "qa", "context": True})

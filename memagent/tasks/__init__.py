@@ -123,10 +123,8 @@ def _registry() -> dict[str, TaskSpec]:
             return Sample(f"{self.name}/{length}/{index}", self.name, length, index, self.fmt.format(q=rec.question),
                           text, rec.answers, self.metric, tokens, meta)
 
-    from .data import hotpotqa, squad
+    from .data import RULER_QA_PROMPT as qa_fmt, hotpotqa, squad
 
-    qa_fmt = ("Answer the question based on the given documents. Only give me the answer and do not output "
-              "any other words.\n\nQuestion: {q}")
     specs = [
         TaskSpec("ruler-hotpotqa", "sub_em", "MemAgent's RULER-HotpotQA (HotpotQA dev + pool distractors)",
                  lambda tok, seed: _DocQA("ruler-hotpotqa", hotpotqa, tok, seed, "sub_em", "{q}")),

@@ -140,6 +140,16 @@ class CountCache:
 
 # ---- HotpotQA and SQuAD as document pools -----------------------------------------------------------
 
+# RULER's wording of a document question (qa_1 asks every question so; training asks some so, rl/notes_*.py)
+RULER_QA_PROMPT = ("Answer the question based on the given documents. Only give me the answer and do not output "
+                   "any other words.\n\nQuestion: {q}")
+
+
+def answerable(paragraph: dict) -> list[dict]:
+    """A SQuAD paragraph's questions that have an answer (SQuAD v2 also asks ones that do not)."""
+    return [q for q in paragraph["qas"] if not q.get("is_impossible") and q["answers"]]
+
+
 def split_of(name: str, eval_share: float = 0.5) -> str:
     """'train' or 'eval' for an article or title, stable across runs and machines (sha256, not hash()).
 
