@@ -70,3 +70,22 @@ def test_collect_config_draws_the_questions_its_kept_reads_were_asked(path):
     for sid, (question, answers) in asked.items():
         s = task.sample(int(sid.rsplit("-", 1)[1]))
         assert (s.id, s.question, tuple(s.answers)) == (sid, question, answers), f"{path.name}: {sid} moved"
+
+
+def test_gpu_mixture_config_draws_every_shape_it_names():
+    """configs/notes-qwen0.5b-mix-gpu.toml exists to train every shape at once (one round per shape traded
+    one for another on CPU): a share or shape list edited into it must not silently drop one."""
+    from collections import Counter
+
+    from memagent import models
+    from memagent.rl.data import make_task
+    from memagent.tokenizer import HFTokenizer
+
+    c = load_config(ROOT / "configs" / "notes-qwen0.5b-mix-gpu.toml")
+    task = make_task(c, HFTokenizer.from_file(models.tokenizer_path(c.model)))
+    drawn = [task.sample(i) for i in range(160)]
+    kinds = Counter(s.meta["kind"] for s in drawn)
+    want = {"needle", "qa"} | {f"prose-{shape}" for shape in c.notes_prose_shapes}
+    assert set(kinds) == want, kinds
+    assert all(kinds[k] >= 4 for k in want), kinds
+    assert {len(s.chunks) for s in drawn} == set(range(1, c.num_chunks + 1))
