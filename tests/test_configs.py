@@ -46,6 +46,15 @@ def _stored_reads(collect: Path) -> Path | None:
     return store if store and store.is_file() else None
 
 
+def _task(c: TrainConfig):
+    """The training task a config draws from, with its model's own tokenizer (as `memagent train` builds it)."""
+    from memagent import models
+    from memagent.rl.data import make_task
+    from memagent.tokenizer import HFTokenizer
+
+    return make_task(c, HFTokenizer.from_file(models.tokenizer_path(c.model)))
+
+
 COLLECTS = [p for p in CONFIGS if _stored_reads(p)]
 
 
@@ -57,12 +66,8 @@ def test_every_kept_round_has_its_collect_config():
 def test_collect_config_draws_the_questions_its_kept_reads_were_asked(path):
     """A generator change must not move the documents of an earlier round's seed: its reads are kept, and
     its collect config is how anyone rebuilds them (and the round after it)."""
-    from memagent import models
-    from memagent.rl.data import make_task
-    from memagent.tokenizer import HFTokenizer
-
     c = load_config(path)
-    task = make_task(c, HFTokenizer.from_file(models.tokenizer_path(c.model)))
+    task = _task(c)
     asked = {}
     for line in gzip.open(_stored_reads(path), "rt"):
         r = json.loads(line)
@@ -77,12 +82,8 @@ def test_gpu_mixture_config_draws_every_shape_it_names():
     one for another on CPU): a share or shape list edited into it must not silently drop one."""
     from collections import Counter
 
-    from memagent import models
-    from memagent.rl.data import make_task
-    from memagent.tokenizer import HFTokenizer
-
     c = load_config(ROOT / "configs" / "notes-qwen0.5b-mix-gpu.toml")
-    task = make_task(c, HFTokenizer.from_file(models.tokenizer_path(c.model)))
+    task = _task(c)
     drawn = [task.sample(i) for i in range(160)]
     kinds = Counter(s.meta["kind"] for s in drawn)
     want = {"needle", "qa"} | {f"prose-{shape}" for shape in c.notes_prose_shapes}
