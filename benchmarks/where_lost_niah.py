@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
+from memagent import models  # noqa: E402
 from memagent.chunking import iter_chunks  # noqa: E402
 from memagent.eval import read_records  # noqa: E402
 from memagent.tasks import iter_samples  # noqa: E402
@@ -52,12 +53,30 @@ def asked_key(question: str) -> str | None:
     return m.group(1) if m else None
 
 
+def run_tokenizer(cfg: dict) -> str:
+    """The run's tokenizer.json, or its model's when that cache file is gone.
+
+    A run records the absolute cache path it counted tokens with; on another machine (or after the
+    cache was cleared) that file is missing, and the model's tokenizer rebuilds the same chunks.
+    """
+    if Path(cfg["tokenizer"]).is_file():
+        return cfg["tokenizer"]
+    if not cfg.get("model"):
+        raise SystemExit(f"the run's tokenizer {cfg['tokenizer']} is gone and its config names no model")
+    try:
+        path = str(models.tokenizer_path(cfg["model"]))
+    except models.ModelError as e:
+        raise SystemExit(f"the run's tokenizer {cfg['tokenizer']} is gone and {cfg['model']}'s failed: {e}")
+    print(f"where_lost_niah: {cfg['tokenizer']} is gone; using {cfg['model']}'s {path}", file=sys.stderr)
+    return path
+
+
 def folder_report(folder: Path) -> dict:
     cfg = json.loads((folder / "config.json").read_text())["config"]
     records = read_records(folder / "samples.jsonl")
     if not records or any("read_outcome" not in r for r in records.values()):
         raise SystemExit(f"{folder}: no read_outcome in its samples (run it with this memagent's eval)")
-    tok = load_tokenizer(cfg["tokenizer"])
+    tok = load_tokenizer(run_tokenizer(cfg))
     samples = {s.id: s for s in iter_samples(cfg["tasks"], cfg["lengths"], cfg["n"], tok, cfg["seed"],
                                              skip=lambda i: i not in records)}
     outcomes, drops, per_sample = {}, {"look_alike": 0, "no_needle": 0, "own_needle": 0}, []

@@ -154,3 +154,32 @@ def test_niah_drops_are_sorted_by_what_the_chunk_held(tmp_path, smol_tokenizer):
     assert sum(report["drops"].values()) == total_drops >= 1
     for s in report["samples"]:
         assert s["gold_chunks"] and all(c < s["chunks"] for c in s["look_alike_chunks"])
+
+
+def test_niah_report_survives_a_cleared_tokenizer_cache(tmp_path, smol_tokenizer):
+    # a run records the absolute cache path of its tokenizer; on another machine that file is gone, and
+    # the report must rebuild the same documents from the run's model name, or say clearly why it cannot
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import where_lost_niah as wl
+
+    from memagent.models import tokenizer_path
+
+    run_eval(tmp_path, reader(keep=False), smol_tokenizer, tasks=["niah_multikey_1"], lengths=[4000])
+    cfg_path = tmp_path / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["config"]["tokenizer"] = str(tokenizer_path("smollm2-135m"))
+    cfg_path.write_text(json.dumps(cfg))
+    expected = wl.folder_report(tmp_path)
+
+    cfg["config"]["tokenizer"] = str(tmp_path / "gone" / "tokenizer.json")
+    cfg["config"]["model"] = "smollm2-135m"
+    cfg_path.write_text(json.dumps(cfg))
+    assert wl.folder_report(tmp_path)["samples"] == expected["samples"]
+
+    cfg["config"]["model"] = None
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(SystemExit, match="is gone and its config names no model"):
+        wl.folder_report(tmp_path)
