@@ -125,12 +125,21 @@ def test_direct_runs_and_old_folders_have_no_outcomes(tmp_path, smol_tokenizer):
 
 # ---- benchmarks/where_lost_niah.py: what the dropping chunk held ------------------------------------------
 
-def test_niah_drops_are_sorted_by_what_the_chunk_held(tmp_path, smol_tokenizer):
+def where_lost_niah():
+    """The benchmark script as a module (it lives outside the package, beside its `common` helper)."""
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
     import where_lost_niah as wl
+
+    return wl
+
+
+def test_niah_drops_are_sorted_by_what_the_chunk_held(tmp_path, smol_tokenizer):
+    wl = where_lost_niah()
 
     from memagent.models import tokenizer_path
 
@@ -159,11 +168,7 @@ def test_niah_drops_are_sorted_by_what_the_chunk_held(tmp_path, smol_tokenizer):
 def test_niah_report_survives_a_cleared_tokenizer_cache(tmp_path, smol_tokenizer):
     # a run records the absolute cache path of its tokenizer; on another machine that file is gone, and
     # the report must rebuild the same documents from the run's model name, or say clearly why it cannot
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import where_lost_niah as wl
+    wl = where_lost_niah()
 
     from memagent.models import tokenizer_path
 
