@@ -177,6 +177,63 @@ def test_notes_grid_lays_out_two_rows_and_never_calls_an_unmeasured_goal_met(tmp
     assert proc.returncode == 2 and "no row named 'nobody'" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def _notes_grid():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("notes_grid", ROOT / "benchmarks" / "notes_grid.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_best_untrained_goal_needs_more_accuracy_and_at_most_1_5x_the_seconds():
+    """The issue's last goal, cell by cell: the yardstick is the most accurate untrained option (the faster of
+    a tie), a trained row no more accurate misses at once, and a too-slow or passing cell stays undecided
+    while an option is unmeasured (a more accurate one would become the yardstick). Planted facts are ~8K
+    tokens: 16 chunks at 512, 8 at the @1024-128 row's chunk, and no planted row has the gate."""
+    grid = _notes_grid()
+    opts = [("small", "off"), ("small", "lexical"), ("big@1024-128", "off")]
+    cells = [("planted_fact", "16 chunks", "8 chunks"), ("niah_single_1", "16384", "16384"),
+             ("niah_multikey_2", "16384", "16384")]
+
+    def rows_with(trained, small_lex_single=(75.0, 90.0)):
+        rows = []
+        for task, at512, at1024 in cells:
+            rows.append(_row("small", task, at512, 25.0, s=100.0))
+            rows.append(_row("big@1024-128", task, at1024, 50.0, s=300.0))
+            if task != "planted_fact":
+                acc, s = small_lex_single if task == "niah_single_1" else (0.0, 60.0)
+                rows.append(_row("small", task, at512, acc, gate="lexical", s=s))
+            acc, s = trained[task]
+            rows.append(_row("ours", task, at512, acc, s=s))
+        return rows
+
+    # planted: beats big (50% in 300 s) at 1.0x; single_1: beats small+gate (75% in 90 s) at 1.5x exactly;
+    # multikey_2: beats big (50% in 300 s, more accurate than small+gate's 0%) at 0.5x
+    good = {"planted_fact": (87.5, 300.0), "niah_single_1": (100.0, 135.0), "niah_multikey_2": (62.5, 150.0)}
+    verdict, evidence = grid.beats_best_untrained(rows_with(good), "ours", "off", opts)
+    assert verdict == "met", evidence
+    assert evidence[1] == "niah_single_1@16K: 8/8 in 135 s vs small lexical 6/8 in 90 s (1.50x)"
+    assert "big@1024-128 off 4/8 in 300 s" in evidence[0]  # the 8-chunk row stands for the 1024 chunk
+    slow = dict(good, niah_single_1=(100.0, 136.0))
+    assert grid.beats_best_untrained(rows_with(slow), "ours", "off", opts)[0] == "not met"
+    # a tie at the top: the faster option is the yardstick (60 s, not 300 s)
+    tie = rows_with(good, small_lex_single=(50.0, 60.0))
+    tie = [r for r in tie if not (r["model"] == "big@1024-128" and r["task"] == "niah_single_1")]
+    tie.append(_row("big@1024-128", "niah_single_1", "16384", 50.0, s=300.0))
+    assert grid.beats_best_untrained(tie, "ours", "off", opts)[0] == "not met"  # 135 s is 2.25x of 60 s
+    # with an option unmeasured: a slow cell is undecided, an out-scored cell a miss
+    partial = [r for r in rows_with(slow) if r["model"] != "big@1024-128"]
+    assert grid.beats_best_untrained(partial, "ours", "off", opts)[0] == "not all measured"
+    outscored = dict(slow, niah_multikey_2=(25.0, 150.0))
+    partial = [r for r in rows_with(outscored) if not (r["model"] == "big@1024-128" and r["task"] != "niah_multikey_2")]
+    verdict, evidence = grid.beats_best_untrained(partial, "ours", "off", opts)
+    assert verdict == "not met" and "unmeasured: big@1024-128 off" in evidence[0]
+    # the gated trained row has no planted cell: undecided, never met
+    gated = rows_with(good) + [_row("ours", t, "16384", 100.0, gate="lexical", s=30.0) for t, _, _ in cells[1:]]
+    verdict, evidence = grid.beats_best_untrained(gated, "ours", "lexical", opts)
+    assert verdict == "not all measured" and evidence[0] == "planted_fact@8K: trained row unmeasured"
+
+
 def heldout_folder(tmp_path: Path) -> Path:
     (tmp_path / "a.txt").write_text("The keeper wrote that the answer is instant.\n")
     (tmp_path / "b.txt").write_text("Nothing to see.\n")
