@@ -50,12 +50,14 @@ def index(rows: list[dict]) -> dict:
     return {(r["model"], r["task"], str(r["length"]), r["gate"]): r for r in rows}
 
 
-def cell_text(b: dict | None, a: dict | None) -> str:
-    """'2/8 → 7/8 (185 → 252 s)': counts rather than percentages, because at n = 8 one document is 12.5
-    points and the reader should see that."""
-    def frac(r):
-        return f"{round(r['accuracy'] * r['n'] / 100)}/{r['n']}" if r else "—"
+def frac(r: dict | None) -> str:
+    """'7/8': counts rather than percentages, because at n = 8 one document is 12.5 points and the reader
+    should see that."""
+    return f"{round(r['accuracy'] * r['n'] / 100)}/{r['n']}" if r else "—"
 
+
+def cell_text(b: dict | None, a: dict | None) -> str:
+    """'2/8 → 7/8 (185 → 252 s)'."""
     def sec(r):
         return f"{r['seconds_per_doc']:.0f}" if r else "—"
     if not b and not a:
@@ -167,7 +169,6 @@ def beats_best_untrained(rows: list[dict], after: str, gate: str, options=UNTRAI
             checks.append(False)
         else:
             checks.append(None if missing else fast)
-        frac = lambda r: f"{round(r['accuracy'] * r['n'] / 100)}/{r['n']}"  # noqa: E731
         evidence.append(f"{label}: {frac(a)} in {a['seconds_per_doc']:.0f} s vs {model} {g} {frac(best)} in "
                         f"{best['seconds_per_doc']:.0f} s ({ratio:.2f}x)"
                         + (f"; unmeasured: {', '.join(missing)}" if missing else ""))
