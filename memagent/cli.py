@@ -52,6 +52,10 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adapter", default=None,
                    help="embedded: a LoRA adapter folder (final/ of memagent sft, rft or train) applied to --model, "
                         "an untrained base; llama.cpp converts it to a GGUF LoRA once (default: none)")
+    p.add_argument("--merge-lora", action="store_true",
+                   help="embedded, llama.cpp: fold the model's adapter (or --adapter) into a Q8_0 copy of the "
+                        "base once (cached; ~625 MB for the 0.5B) instead of applying it per token: ~1.2x faster "
+                        "prompt processing, replies nearly but not bit-for-bit the same (default: off)")
     p.add_argument("--concurrency", type=int, default=None,
                    help="openai: requests in flight at most (default 64; eval: samples in flight, default 4 "
                         "embedded, 16 openai)")
@@ -99,10 +103,15 @@ def backend_from_args(args):
         kw = {"threads": args.threads} if args.threads else {}
         if getattr(args, "adapter", None):
             kw["adapter"] = args.adapter
+        if getattr(args, "merge_lora", False):
+            if engine != "llama.cpp":
+                raise ValueError("--merge-lora is for --engine llama.cpp (the torch engine merges adapters already)")
+            kw["merge_lora"] = True
         backend = make_backend("embedded", model=name, engine=engine, **kw)
     else:
-        if getattr(args, "adapter", None):
-            raise ValueError("--adapter is for the embedded backend; a server loads its own adapters")
+        if getattr(args, "adapter", None) or getattr(args, "merge_lora", False):
+            raise ValueError(f"--{'adapter' if getattr(args, 'adapter', None) else 'merge-lora'} is for the "
+                             f"embedded backend; a server loads its own adapters")
         tokenizer = resolve_tokenizer(args.backend, args.model, args.tokenizer, warn=print)
         kw = {k: getattr(args, k) for k in ("concurrency", "timeout", "max_retries")
               if getattr(args, k, None) is not None and args.backend == "openai"}

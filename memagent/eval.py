@@ -69,6 +69,7 @@ class EvalConfig:
     early_exit: str = "off"
     adapter: str | None = None  # embedded: a LoRA folder applied to the model (--adapter)
     adapter_digest: str | None = None  # its weights' sha256: retrained in place is another model
+    merge_lora: bool = False  # llama.cpp: the adapter folded into Q8_0 weights (--merge-lora), not applied per token
 
     def identity(self) -> dict:
         d = asdict(self)
@@ -80,6 +81,8 @@ class EvalConfig:
             # the gates join the identity only when on, so folders written before they existed still resume
             keep.update({k: d[k] for k in ("skip_update", "early_exit") if d[k] != "off"})
         keep.update({k: d[k] for k in ("adapter", "adapter_digest") if d[k] is not None})  # likewise
+        if self.merge_lora:
+            keep["merge_lora"] = True
         return keep
 
 
@@ -494,7 +497,8 @@ def main(args) -> int:
                      concurrency=args.concurrency or (4 if args.backend == "embedded" else 16),
                      context_window=window if args.method == "direct" else None,
                      skip_update=args.skip_update, early_exit=args.early_exit,
-                     adapter=args.adapter, adapter_digest=adapter_digest(args.adapter))
+                     adapter=args.adapter, adapter_digest=adapter_digest(args.adapter),
+                     merge_lora=bool(getattr(args, "merge_lora", False)))
     if args.method == "memagent" and spec is not None:
         from .cli import check_window
         from .driver import MemoryAgent

@@ -277,3 +277,16 @@ def test_reads_where_lost_counts_the_update_that_dropped_the_answer(tmp_path):
     t = data["files"][str(path)]
     assert (t["reads"], t["right"], t["held_after_chunk_1"], t["dropped_later"], t["kept_to_end"]) == (4, 1, 2, 1, 1)
     assert t["never_held"] == 1 and t["final_notes_hold_but_answer_wrong"] == 1  # the last read: notes hold 7 and 9
+
+
+def test_merged_weights_smoke(tmp_path):
+    """bench_merged_weights.py on the small trained model (SmolLM2-135M + LoRA), one 1K document per mode."""
+    out = tmp_path / "merged.json"
+    run("bench_merged_weights.py", "--model", "memagent-notes-135m", "--docs", "1", "--task", "niah_single_1",
+        "--length", "1024", "--out", str(out), timeout=300)
+    data = json.loads(out.read_text())
+    r = data["reads_one_at_a_time"]
+    assert data["command"] and data["date"] and data["machine"]["cpu_count"] and data["model"] == "memagent-notes-135m"
+    for mode in ("runtime", "merged"):
+        assert r[mode]["calls"] >= 2 and r[mode]["prompt_tokens_per_s_median"] > 0 and r[mode]["seconds_per_doc"] > 0
+    assert r["prompt_speedup"] > 0 and 0 <= r["same_answer"] <= 1 and len(r["rows"]) == 1
