@@ -14,6 +14,10 @@ Writes benchmarks/results/merged_weights.json (command, date, machine) and print
 
     python benchmarks/bench_merged_weights.py --docs 4
     python benchmarks/bench_merged_weights.py --docs 0 --cells niah_multikey_2@4k --n 8
+    python benchmarks/bench_merged_weights.py --docs 0 --demo    # the README demo's questions, both modes
+
+Parts not rerun keep their earlier numbers in the results file; each part records the command and date
+that measured it.
 """
 from __future__ import annotations
 
@@ -105,6 +109,25 @@ def reads(model: str, docs: int, task: str, length: int, threads: int) -> dict:
     return out
 
 
+def demo(model: str, threads: int) -> dict:
+    """The README demo's two questions (one read of memagent/examples/keeper_log.txt) in both modes,
+    scored against the answers its document states (bench_notes_model.DEMO)."""
+    from bench_notes_model import DEMO
+
+    got = {}
+    for m in MODES:
+        cmd = [sys.executable, "-m", "memagent", "ask", "memagent/examples/keeper_log.txt", *DEMO, "--model", model,
+               "--engine", "llama.cpp", "--threads", str(threads), "--json"] + (["--merge-lora"] if m == "merged" else [])
+        t = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        answers = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        by_q = {a.get("question"): a.get("answer") or "" for a in answers}
+        got[m] = {"seconds": round(time.perf_counter() - t, 1),
+                  "answers": {q: by_q.get(q) for q in DEMO},
+                  "right": sum(gold.lower() in (by_q.get(q) or "").lower() for q, gold in DEMO.items())}
+    return got
+
+
 def cell(model: str, cell_name: str, n: int, concurrency: int, threads: int) -> dict:
     from memagent import models
 
@@ -140,6 +163,7 @@ def main() -> int:
     ap.add_argument("--docs", type=int, default=4, help="documents read one at a time by each mode (0: none)")
     ap.add_argument("--task", default="niah_multikey_2")
     ap.add_argument("--length", type=int, default=4096)
+    ap.add_argument("--demo", action="store_true", help="also ask the README demo's two questions in both modes")
     ap.add_argument("--cells", default="", help="eval cells TASK@LENGTH, comma separated (default: none)")
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=8)
@@ -150,16 +174,24 @@ def main() -> int:
     old = json.loads(out.read_text()) if out.is_file() else {}
     result = {"command": "python " + " ".join([f"benchmarks/{Path(__file__).name}", *sys.argv[1:]]),
               "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine(), "model": args.model,
-              "reads_one_at_a_time": old.get("reads_one_at_a_time"), "cells": old.get("cells", {})}
+              "reads_one_at_a_time": old.get("reads_one_at_a_time"), "demo": old.get("demo"),
+              "cells": old.get("cells", {})}
     if args.docs:
         r = reads(args.model, args.docs, args.task, args.length, args.threads)
         result["reads_one_at_a_time"] = r
+        r["command"], r["date"] = result["command"], result["date"]
         print(f"one at a time, {r['docs']} x {r['task']} {r['length']}: prompt x{r['prompt_speedup']}, decode "
               f"x{r['decode_speedup']}, per document x{r['doc_speedup']}; correct {r['runtime']['correct']} vs "
               f"{r['merged']['correct']}; same answer {r['same_answer']}/{r['docs']}, same notes {r['same_notes']}")
+    if args.demo:
+        result["demo"] = d = demo(args.model, args.threads)
+        d["command"], d["date"] = result["command"], result["date"]
+        print("demo: " + "; ".join(f"{m} {d[m]['right']}/2 right ({d[m]['seconds']} s, with the model load): "
+                                    f"{list(d[m]['answers'].values())}" for m in MODES))
     for c in [c for c in args.cells.split(",") if c]:
         r = cell(args.model, c, args.n, args.concurrency, args.threads)
         result["cells"][c] = r
+        r["command"], r["date"] = result["command"], result["date"]
         print(f"{c}: runtime {r['runtime']['correct']}/{r['compared']} in {r['runtime']['seconds_per_doc']} s/doc, "
               f"merged {r['merged']['correct']}/{r['compared']} in {r['merged']['seconds_per_doc']} s/doc; "
               f"same notes {r['same_notes']}, same prediction {r['same_prediction']}")
