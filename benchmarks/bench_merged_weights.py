@@ -110,21 +110,15 @@ def reads(model: str, docs: int, task: str, length: int, threads: int) -> dict:
 
 
 def demo(model: str, threads: int) -> dict:
-    """The README demo's two questions (one read of memagent/examples/keeper_log.txt) in both modes,
-    scored against the answers its document states (bench_notes_model.DEMO)."""
-    from bench_notes_model import DEMO
+    """The README demo's two questions in both modes, scored as bench_notes_model scores them."""
+    from bench_notes_model import ask_demo
 
     got = {}
     for m in MODES:
-        cmd = [sys.executable, "-m", "memagent", "ask", "memagent/examples/keeper_log.txt", *DEMO, "--model", model,
-               "--engine", "llama.cpp", "--threads", str(threads), "--json"] + (["--merge-lora"] if m == "merged" else [])
-        t = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        answers = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-        by_q = {a.get("question"): a.get("answer") or "" for a in answers}
-        got[m] = {"seconds": round(time.perf_counter() - t, 1),
-                  "answers": {q: by_q.get(q) for q in DEMO},
-                  "right": sum(gold.lower() in (by_q.get(q) or "").lower() for q, gold in DEMO.items())}
+        runs, rc, wall = ask_demo(["--model", model, "--engine", "llama.cpp", "--threads", str(threads)]
+                                  + (["--merge-lora"] if m == "merged" else []))
+        got[m] = {"seconds": wall, "rc": rc, "answers": {r["question"]: r["answer"] for r in runs},
+                  "errors": [r["error"] for r in runs if r["error"]], "right": sum(r["correct"] for r in runs)}
     return got
 
 
@@ -133,26 +127,22 @@ def cell(model: str, cell_name: str, n: int, concurrency: int, threads: int) -> 
 
     task, length = cell_name.split("@")
     spec = models.get_spec(model)
+    folders = {m: RUNS / model / m / cell_name.replace("@", "-") for m in MODES}
     got = {}
-    for m in MODES:
-        out = RUNS / model / m / cell_name.replace("@", "-")
+    for m, out in folders.items():
         cmd = [sys.executable, "-m", "memagent", "eval", "--task", task, "--lengths", length, "--n", str(n),
                "--model", model, "--engine", "llama.cpp", "--concurrency", str(concurrency), "--threads",
                str(threads), "--template", spec.default_template, "--chunk-tokens", str(spec.chunk_tokens),
                "--memory-tokens", str(spec.memory_tokens), "--no-plot", "--out", str(out)]
-        if m == "merged":
-            cmd.append("--merge-lora")
-        t = time.perf_counter()
-        subprocess.run(cmd, cwd=ROOT, check=False)
-        summary = json.loads((out / "summary.json").read_text())["results"][0]
-        samples = {r["id"]: r for r in map(json.loads, (out / "samples.jsonl").read_text().splitlines())}
-        got[m] = {"summary": summary, "samples": samples, "wall_s_this_call": round(time.perf_counter() - t, 1)}
-    ids = sorted(got["runtime"]["samples"].keys() & got["merged"]["samples"].keys())
+        subprocess.run(cmd + (["--merge-lora"] if m == "merged" else []), cwd=ROOT, check=False)  # rc 1: failed samples, recorded
+        got[m] = {"summary": json.loads((out / "summary.json").read_text())["results"][0],
+                  "samples": {r["id"]: r for r in map(json.loads, (out / "samples.jsonl").read_text().splitlines())}}
     a, b = got["runtime"]["samples"], got["merged"]["samples"]
+    ids = sorted(a.keys() & b.keys())
     return {"cell": cell_name, "n": n, "concurrency": concurrency,
             **{m: {"correct": sum(got[m]["samples"][i]["correct"] for i in ids),
                    "seconds_per_doc": got[m]["summary"]["seconds_per_sample"],
-                   "folder": str((RUNS / model / m / cell_name.replace("@", "-")).relative_to(ROOT))} for m in MODES},
+                   "folder": str(folders[m].relative_to(ROOT))} for m in MODES},
             "same_notes": sum(a[i]["memory"] == b[i]["memory"] for i in ids),
             "same_prediction": sum(a[i]["prediction"] == b[i]["prediction"] for i in ids), "compared": len(ids)}
 

@@ -65,6 +65,27 @@ DEMO = {"What is the lowest barometer reading recorded in the ledger?": "943 mil
         "What is the name of the relief keeper?": "Agnes Varley"}
 
 
+def ask_demo(args: list[str], env: dict | None = None) -> tuple[list[dict], int, float]:
+    """The README demo's two questions in one `memagent ask` (memagent/examples/keeper_log.txt, never
+    trained on) with `args` (model, engine, settings): (one scored row per question, exit code, seconds)."""
+    cmd = [sys.executable, "-m", "memagent", "ask", str(ROOT / "memagent" / "examples" / "keeper_log.txt"),
+           *DEMO, "--json", *args]
+    print("+", " ".join(cmd), file=sys.stderr, flush=True)
+    t0 = time.time()
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    replies = {r["question"]: r for r in map(json.loads, (ln for ln in proc.stdout.splitlines()
+                                                            if ln.startswith("{")))}
+    failed = {"answer": None, "memory": None, "seconds": 0.0,
+              "error": proc.stderr.strip()[-500:] or f"no reply (exit {proc.returncode})"}
+    runs = []
+    for q, gold in DEMO.items():  # a question without a reply is a failed sample, never a dropped one
+        r = {**failed, **replies.get(q, {})}
+        runs.append({"question": q, "answer": r["answer"], "memory": r["memory"], "gold": gold,
+                     "correct": gold.lower() in (r["answer"] or "").lower(), "seconds": r["seconds"],
+                     "error": r["error"]})
+    return runs, proc.returncode, round(time.time() - t0, 1)
+
+
 def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads: int, engine: str = "torch",
              chunk: int = CHUNK, memory: int = MEMORY, adapter: str | None = None, seed: int | None = None) -> Path:
     name, _, at = cell.partition("@")
@@ -79,23 +100,8 @@ def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads
         out = folder / "demo.json"
         if gate != "off" or (out.is_file() and json.loads(out.read_text())["rc"] == 0):
             return folder  # a failed run is recorded, then retried by the next invocation
-        cmd = [sys.executable, "-m", "memagent", "ask", str(ROOT / "memagent" / "examples" / "keeper_log.txt"),
-               *DEMO, "--model", model, "--json", "--threads", str(threads)] + engine_args + read_args
-        print("+", " ".join(cmd), file=sys.stderr, flush=True)
-        t0 = time.time()
-        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-        replies = {r["question"]: r for r in map(json.loads, (ln for ln in proc.stdout.splitlines()
-                                                                if ln.startswith("{")))}
-        failed = {"answer": None, "memory": None, "seconds": 0.0,
-                  "error": proc.stderr.strip()[-500:] or f"no reply (exit {proc.returncode})"}
-        runs = []
-        for q, gold in DEMO.items():  # a question without a reply is a failed sample, never a dropped one
-            r = {**failed, **replies.get(q, {})}
-            runs.append({"question": q, "answer": r["answer"], "memory": r["memory"], "gold": gold,
-                         "correct": gold.lower() in (r["answer"] or "").lower(), "seconds": r["seconds"],
-                         "error": r["error"]})
-        out.write_text(json.dumps({"runs": runs, "rc": proc.returncode, "wall_seconds": round(time.time() - t0, 1)},
-                                  indent=1) + "\n")
+        runs, rc, wall = ask_demo(["--model", model, "--threads", str(threads)] + engine_args + read_args, env)
+        out.write_text(json.dumps({"runs": runs, "rc": rc, "wall_seconds": wall}, indent=1) + "\n")
         return folder
     if name == "planted":
         out = folder / "planted.json"

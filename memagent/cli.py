@@ -55,7 +55,8 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--merge-lora", action="store_true",
                    help="embedded, llama.cpp: fold the model's adapter (or --adapter) into a Q8_0 copy of the "
                         "base once (cached; ~625 MB for the 0.5B) instead of applying it per token: ~1.2x faster "
-                        "prompt processing, replies nearly but not bit-for-bit the same (default: off)")
+                        "prompt processing, but not bit-for-bit the same replies: a read near a tie can change, as "
+                        "the demo's second answer does (docs/engines.md) (default: off)")
     p.add_argument("--concurrency", type=int, default=None,
                    help="openai: requests in flight at most (default 64; eval: samples in flight, default 4 "
                         "embedded, 16 openai)")
@@ -109,9 +110,10 @@ def backend_from_args(args):
             kw["merge_lora"] = True
         backend = make_backend("embedded", model=name, engine=engine, **kw)
     else:
-        if getattr(args, "adapter", None) or getattr(args, "merge_lora", False):
-            raise ValueError(f"--{'adapter' if getattr(args, 'adapter', None) else 'merge-lora'} is for the "
-                             f"embedded backend; a server loads its own adapters")
+        for flag in ("adapter", "merge_lora"):
+            if getattr(args, flag, None):
+                raise ValueError(f"--{flag.replace('_', '-')} is for the embedded backend; a server loads its "
+                                 f"own adapters")
         tokenizer = resolve_tokenizer(args.backend, args.model, args.tokenizer, warn=print)
         kw = {k: getattr(args, k) for k in ("concurrency", "timeout", "max_retries")
               if getattr(args, k, None) is not None and args.backend == "openai"}

@@ -9,10 +9,13 @@ with the adapter applied; with the adapter folded in and every matrix stored as 
 
 What is written: every 2-D quantized matrix except the token embedding is dequantized, the adapter's
 scale * B @ A is added where it has one, and the sum is stored as Q8_0 (8-bit blocks of 32, which
-re-represent Q5_0/Q4_K/Q6_K values to within ~1/16 of their own step, so the merged model computes
-nearly what base + runtime LoRA computes). The token embedding is looked up, not multiplied, so it stays
-as it is. All metadata is copied unchanged. The file is built once and cached by the checksums of both
-inputs (~30 s and ~625 MB for the 0.5B).
+re-represent Q5_0/Q4_K/Q6_K values to within ~1/16 of their own step). The token embedding is looked
+up, not multiplied, so it stays as it is. All metadata is copied unchanged. The file is built once and
+cached by the base file's identity and the adapter's checksum (~30 s and ~625 MB for the 0.5B).
+
+Not bit-for-bit the runtime adapter: the product B @ A is added to the weights rather than applied to
+Q8-quantised activations, and a read near a tie can go the other way (the README demo's second answer
+does, for memagent-notes-0.5b; docs/engines.md). So it is an opt-in speed option, not the default.
 """
 from __future__ import annotations
 
