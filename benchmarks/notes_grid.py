@@ -124,14 +124,11 @@ def goals(rows: list[dict], before: str, after: str) -> list[tuple[str, str, str
     return out
 
 
-def issue_cell(model: str, gate: str, task: str, tokens: int) -> str | None:
+def issue_cell(model: str, task: str, tokens: int) -> str:
     """The row length of an issue cell for this row: planted facts are counted in chunks, so ~8K tokens is
-    16 chunks at 512 and 8 at 1024 (the @CHUNK-MEMORY suffix). None where the gate does not apply:
-    planted_fact.py reads every chunk, so no planted row has the gate."""
+    16 chunks at 512 and 8 at 1024 (the @CHUNK-MEMORY suffix)."""
     if task != "planted_fact":
         return str(tokens)
-    if gate != "off":
-        return None
     chunk = int(model.rsplit("@", 1)[1].split("-")[0]) if "@" in model else 512
     return f"{tokens // chunk} chunks"
 
@@ -146,14 +143,10 @@ def beats_best_untrained(rows: list[dict], after: str, gate: str, options=UNTRAI
     checks, evidence = [], []
     for task, tokens in ISSUE_CELLS:
         label = f"{task}@{tokens // 1024}K"
-        length = issue_cell(after, gate, task, tokens)
-        a = idx.get((after, task, length, gate)) if length else None
+        a = idx.get((after, task, issue_cell(after, task, tokens), gate))
         measured, missing = [], []
         for model, g in options:
-            L = issue_cell(model, g, task, tokens)
-            if L is None:
-                continue
-            r = idx.get((model, task, L, g))
+            r = idx.get((model, task, issue_cell(model, task, tokens), g))
             if r:
                 measured.append((model, g, r))
             else:

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from memagent.gates import SKIP_MODES  # noqa: E402  (no torch: the choices are known before a model loads)
 
 COLORS = ["red", "blue", "green", "amber", "violet", "silver", "black", "white", "orange", "golden", "grey", "pink"]
 THINGS = ["vault", "door", "locker", "gate", "cabinet", "safe", "hatch", "chest", "drawer", "trunk"]
@@ -80,6 +81,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     ap.add_argument("--adapter", default=None, help="a LoRA adapter folder applied to --model (an untrained base)")
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/planted_fact_<split>.json)")
+    ap.add_argument("--skip-update", choices=SKIP_MODES, default="off",
+                    help="the skip gate, as `ask --skip-update` (memagent/gates.py): lexical passes a chunk that "
+                         "names none of the question's key terms (nor the memory's new ones) without a call")
     ap.add_argument("--seed", type=int, default=0, help="document seed: another value draws fresh documents (other "
                                                        "facts, depths' passages) from the same split")
     ap.add_argument("--smoke", action="store_true", help="seconds-long check with the scripted backend")
@@ -116,13 +120,13 @@ def main(argv=None) -> int:
                "date": datetime.datetime.now().isoformat(timespec="seconds"),
                "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
                "model": args.model, "adapter": args.adapter, "engine": args.engine, "backend": backend.name, "split": args.split,
-               "seed": args.seed, "chunk_tokens": chunk_tokens, "memory_tokens": memory_tokens, "metric": "number appears in the extracted answer", "runs": []}
+               "seed": args.seed, "skip_update": args.skip_update, "chunk_tokens": chunk_tokens, "memory_tokens": memory_tokens, "metric": "number appears in the extracted answer", "runs": []}
     total = len(templates) * len(chunk_counts) * n_docs
     with Progress() as bar:
         task = bar.add_task("planted facts", total=total)
         for template in templates:
             agent = MemoryAgent(backend, tokenizer, template=template, chunk_tokens=chunk_tokens,
-                                memory_tokens=memory_tokens, answer_tokens=32)
+                                memory_tokens=memory_tokens, answer_tokens=32, skip_update=args.skip_update)
             for n in chunk_counts:
                 docs = make_docs(tokenizer, n, chunk_tokens, n_docs, args.split, args.seed)
                 t = time.perf_counter()
@@ -131,11 +135,13 @@ def main(argv=None) -> int:
                 secs = time.perf_counter() - t
                 rows = [{"depth": d["depth"], "gold": d["answer"], "answer": a.answer, "chunks": a.chunks,
                          "correct": bool(a.answer and d["answer"] in a.answer), "in_memory": d["answer"] in a.memory,
-                         "calls": a.calls, "error": a.error} for d, a in zip(docs, answers)]
+                         "calls": a.calls, "skipped_chunks": a.skipped_chunks, "error": a.error}
+                        for d, a in zip(docs, answers)]
                 acc = sum(r["correct"] for r in rows) / len(rows)
                 kept = sum(r["in_memory"] for r in rows) / len(rows)
                 calls = sum(r["calls"] for r in rows)
                 results["runs"].append({"template": template, "chunks": n, "docs": len(rows), "accuracy": acc,
+                                        "skipped_chunks": sum(r["skipped_chunks"] for r in rows),
                                         "fact_in_final_memory": kept, "seconds": round(secs, 1),
                                         "seconds_per_call": round(secs / max(1, calls), 2), "samples": rows})
                 bar.console.print(f"{template:10s} chunks={n:3d} accuracy={acc:.2f} fact-in-memory={kept:.2f} "

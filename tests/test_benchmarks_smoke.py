@@ -83,6 +83,22 @@ def test_planted_fact_reads_on_llama_cpp_and_says_so(tmp_path):
     assert r["samples"][0]["calls"] == 2  # one memory update, one answer
 
 
+def test_planted_fact_takes_the_skip_gate(tmp_path):
+    """`--skip-update lexical` reaches the reader: chunks that never name the vault are passed without a call,
+    the fact's chunk is still read (the scripted backend keeps "access code" lines), and the run says so."""
+    for gate in ("off", "lexical"):
+        out = tmp_path / f"{gate}.json"
+        run("planted_fact.py", "--smoke", "--chunks", "4", "--skip-update", gate, "--out", str(out))
+        data = json.loads(out.read_text())
+        (r,) = data["runs"]
+        assert data["skip_update"] == gate and r["accuracy"] == 1.0, r
+        calls = sum(x["calls"] for x in r["samples"])
+        if gate == "off":
+            assert r["skipped_chunks"] == 0 and calls == 2 * 5
+        else:
+            assert r["skipped_chunks"] > 0 and calls == 2 * 5 - r["skipped_chunks"]
+
+
 def test_planted_fact_refuses_an_hf_folder_on_llama_cpp(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "planted_fact.py"), "--engine", "llama.cpp",
                            "--model", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -181,7 +197,7 @@ def test_best_untrained_goal_needs_more_accuracy_and_at_most_1_5x_the_seconds():
     """The issue's last goal, cell by cell: the yardstick is the most accurate untrained option (the faster of
     a tie), a trained row no more accurate misses at once, and a too-slow or passing cell stays undecided
     while an option is unmeasured (a more accurate one would become the yardstick). Planted facts are ~8K
-    tokens: 16 chunks at 512, 8 at the @1024-128 row's chunk, and no planted row has the gate."""
+    tokens: 16 chunks at 512, 8 at the @1024-128 row's chunk, gate or no gate."""
     if str(ROOT / "benchmarks") not in sys.path:
         sys.path.insert(0, str(ROOT / "benchmarks"))
     import notes_grid as grid
@@ -189,13 +205,13 @@ def test_best_untrained_goal_needs_more_accuracy_and_at_most_1_5x_the_seconds():
     cells = [("planted_fact", "16 chunks", "8 chunks"), ("niah_single_1", "16384", "16384"),
              ("niah_multikey_2", "16384", "16384")]
 
-    def rows_with(trained, small_lex_single=(75.0, 90.0)):
+    def rows_with(trained, small_lex_single=(75.0, 90.0), small_lex_planted=True):
         rows = []
         for task, at512, at1024 in cells:
             rows.append(_row("small", task, at512, 25.0, s=100.0))
             rows.append(_row("big@1024-128", task, at1024, 50.0, s=300.0))
-            if task != "planted_fact":
-                acc, s = small_lex_single if task == "niah_single_1" else (0.0, 60.0)
+            if task != "planted_fact" or small_lex_planted:
+                acc, s = {"niah_single_1": small_lex_single, "planted_fact": (25.0, 20.0)}.get(task, (0.0, 60.0))
                 rows.append(_row("small", task, at512, acc, gate="lexical", s=s))
             acc, s = trained[task]
             rows.append(_row("ours", task, at512, acc, s=s))
@@ -220,10 +236,19 @@ def test_best_untrained_goal_needs_more_accuracy_and_at_most_1_5x_the_seconds():
     partial = [r for r in rows_with(outscored) if not (r["model"] == "big@1024-128" and r["task"] != "niah_multikey_2")]
     verdict, evidence = grid.beats_best_untrained(partial, "ours", "off", opts)
     assert verdict == "not met" and "unmeasured: big@1024-128 off" in evidence[0]
-    # the gated trained row has no planted cell: undecided, never met
-    gated = rows_with(good) + [_row("ours", t, "16384", 100.0, gate="lexical", s=30.0) for t, _, _ in cells[1:]]
+    # the gated trained row: undecided without its planted cell, and while small's gated planted cell is
+    # missing; met once both are read (planted facts take the gate like any other cell)
+    gated = rows_with(good, small_lex_planted=False) + [_row("ours", t, "16384", 100.0, gate="lexical", s=30.0)
+                                                        for t, _, _ in cells[1:]]
     verdict, evidence = grid.beats_best_untrained(gated, "ours", "lexical", opts)
     assert verdict == "not all measured" and evidence[0] == "planted_fact@8K: trained row unmeasured"
+    gated.append(_row("ours", "planted_fact", "16 chunks", 100.0, gate="lexical", s=20.0))
+    verdict, evidence = grid.beats_best_untrained(gated, "ours", "lexical", opts)
+    assert verdict == "not all measured" and evidence[0].endswith("unmeasured: small lexical"), evidence
+    gated.append(_row("small", "planted_fact", "16 chunks", 62.5, gate="lexical", s=15.0))
+    verdict, evidence = grid.beats_best_untrained(gated, "ours", "lexical", opts)
+    assert verdict == "met", evidence
+    assert evidence[0] == "planted_fact@8K: 8/8 in 20 s vs small lexical 5/8 in 15 s (1.33x)"
 
 
 def heldout_folder(tmp_path: Path) -> Path:
