@@ -90,3 +90,5 @@ def test_gpu_mixture_config_draws_every_shape_it_names():
     assert set(kinds) == want, kinds
     assert all(kinds[k] >= 4 for k in want), kinds
     assert {len(s.chunks) for s in drawn} == set(range(1, c.num_chunks + 1))
+    worded = [s for s in drawn if s.meta["kind"].startswith("prose") and len(s.answers) == 2]
+    assert len(worded) >= 4 and all(not any(ch.isdigit() for ch in s.answers[0]) for s in worded)

@@ -620,3 +620,37 @@ def test_early_share_puts_the_evidence_first_and_every_look_alike_after_it(smol_
     assert looks >= 10
     with pytest.raises(ConfigError, match="notes_early_share"):
         TrainConfig(task="notes", notes_early_share=0.6, notes_late_share=0.5)
+
+
+def test_counts_in_words_are_opt_in_keep_the_digits_as_an_answer_and_word_the_look_alikes(smol_tokenizer):
+    """notes_words_share (after held-out set 6): a prose fact's counts, and its look-alikes' counts, are
+    written in words; the digit form stays an accepted answer; codes, years, dates and times keep their
+    digits; at 0 every document is the one drawn before the knob existed."""
+    from memagent.rl.config import ConfigError, TrainConfig
+    from memagent.rl.notes_prose import _COUNT, number_words
+
+    assert [number_words(n) for n in (0, 7, 13, 20, 34, 100, 230, 999)] == [
+        "zero", "seven", "thirteen", "twenty", "thirty-four", "one hundred", "two hundred and thirty",
+        "nine hundred and ninety-nine"]
+    with pytest.raises(ValueError):
+        number_words(1000)
+    kw = dict(chunk_tokens=256, max_chunks=2, memory_tokens=64, seed=5, qa_share=0.0, prose_share=1.0,
+              prose_shapes=("attr", "extreme", "attr_dated"))
+    plain, worded = NotesTask(smol_tokenizer, **kw), NotesTask(smol_tokenizer, words_share=1.0, **kw)
+    assert plain.sample(3) == NotesTask(smol_tokenizer, words_share=0.0, **kw).sample(3)
+    n_worded = 0
+    for i in range(40):
+        s = worded.sample(i)
+        evidence = [e for per in s.meta["evidence"] for e in per]
+        assert evidence and all(e in s.context for e in evidence)
+        if len(s.answers) == 2:  # (in words, in digits)
+            n_worded += 1
+            words, digits = s.answers
+            assert any(ch.isdigit() for ch in digits) and not any(ch.isdigit() for ch in words)
+            assert any(words in e for e in evidence) and not any(digits in e for e in evidence)
+            assert not any(_COUNT.search(d) for d in s.meta["distractor_facts"])  # look-alikes in words too
+        else:  # a value with no bare count (a colour, a town, a code, a date) is drawn as before
+            assert len(s.answers) == 1
+    assert n_worded >= 10
+    with pytest.raises(ConfigError, match="notes_words_share"):
+        TrainConfig(task="notes", notes_words_share=2.0).validate()

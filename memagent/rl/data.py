@@ -230,5 +230,5 @@ def make_task(config, tokenizer: Tokenizer):
                          prose_shapes=config.notes_prose_shapes,
                          needle_essay_share=config.notes_needle_essay_share, decoy_share=config.notes_decoy_share,
                          title_share=config.notes_title_share, title_word_share=config.notes_title_word_share,
-                         qa_context_share=config.notes_qa_context_share)
+                         qa_context_share=config.notes_qa_context_share, words_share=config.notes_words_share)
     raise ValueError(f"unknown task {config.task!r}")

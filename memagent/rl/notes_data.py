@@ -196,7 +196,7 @@ class NotesTask:
                  prose_noise: float = 0.0, late_share: float = 0.0, early_share: float = 0.0,
                  prose_shapes: tuple[str, ...] = NOTES_DEFAULT_SHAPES, needle_essay_share: float = 0.0,
                  decoy_share: float = 0.0, title_share: float = 0.0, title_word_share: float = 0.0,
-                 qa_context_share: float = 0.0):
+                 qa_context_share: float = 0.0, words_share: float = 0.0):
         if not prose_shapes or set(prose_shapes) - set(NOTES_PROSE_SHAPES):
             raise ValueError(f"prose_shapes must be a non-empty subset of {NOTES_PROSE_SHAPES}, got {prose_shapes!r}")
         self.prose_shapes = tuple(prose_shapes)
@@ -205,6 +205,7 @@ class NotesTask:
         self.early_share = early_share
         self.needle_essay_share, self.decoy_share, self.title_share = needle_essay_share, decoy_share, title_share
         self.title_word_share, self.qa_context_share = title_word_share, qa_context_share
+        self.words_share = words_share  # prose facts with their counts in words (notes_prose._in_words)
         self._titles = None  # title_lines() of the sample being drawn (sample() draws, _layout places one)
         self.min_chunks, self.memory_tokens, self.seed, self.qa_share = min_chunks, memory_tokens, seed, qa_share
         self._pools: dict = {}

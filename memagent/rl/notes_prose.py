@@ -22,7 +22,10 @@ skill (keep the asked fact, drop look-alike facts about other things) is drawn i
   and its counts of different things, in report sentences of its own (rl/notes_report.py), and (shape
   roster) the same kind of report whose asked person has look-alikes of the same kind: the post's holder
   before, another prize's winner, another day's person, the deputy (rl/notes_roster.py);
-* questions phrased several ways.
+* questions phrased several ways;
+* on request only (notes_words_share), the quantities of a fact and its look-alikes written in words
+  ("two hundred and thirty degrees", "twenty-eight pupils"), as people write them: every other value here
+  is digits, and held-out set 6 found the trained model keeping 2 of 6 such quantities (docs/notes-model.md).
 
 Held out on purpose (never drawn here): the planted-fact benchmark's attribute ("access code"), and the
 demo document's measure (barometer) and role (keeper): tests/test_notes_training.py checks that no
@@ -31,6 +34,7 @@ fact wording, question or evidence drawn here mentions them (the haystack text i
 from __future__ import annotations
 
 import random
+import re
 
 from ..tasks import data as corpora
 
@@ -189,6 +193,48 @@ def _value(kind: str, rng: random.Random) -> str:
     if kind == "town":
         return rng.choice(_TOWNS)
     return f"{rng.randint(1, 28)} {rng.choice(_MONTHS)}"
+
+
+_ONES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+         "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen")
+_TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+# A bare count of 1-3 digits: not part of a code ("AB-123"), a decimal, a time, a thousands group, or a
+# date ("12 March", which people do not write as "twelve March").
+_COUNT = re.compile(r"(?<![\w-])(?<!\d[.,:/])(\d{1,3})(?!\w|[.,:/]\d|-\w)(?! (?:" + "|".join(_MONTHS) + r")\b)")
+
+
+def number_words(n: int) -> str:
+    """0-999 as British English writes them: 34 -> "thirty-four", 230 -> "two hundred and thirty"."""
+    if not 0 <= n <= 999:
+        raise ValueError(f"number_words covers 0-999, got {n}")
+    if n < 20:
+        return _ONES[n]
+    if n < 100:
+        return _TENS[n // 10] + (f"-{_ONES[n % 10]}" if n % 10 else "")
+    return f"{_ONES[n // 100]} hundred" + (f" and {number_words(n % 100)}" if n % 100 else "")
+
+
+def _in_words(gold: list[str], distract: list[str], answers: tuple[str, ...]):
+    """The fact with its counts written in words, look-alikes too (a model must not learn that the worded
+    sentence is the asked one). The digit form stays an accepted answer: the reward asks for the value,
+    not its spelling. None when the answer has no bare count to write."""
+    if not any(_COUNT.search(a) for a in answers):
+        return None
+    def word(t: str) -> str:
+        return _COUNT.sub(lambda m: number_words(int(m.group(1))), t)
+
+    def say(sentence: str) -> str:  # a sentence that opened with its count still opens with a capital
+        return _cap(word(sentence)) if sentence[:1].isdigit() else word(sentence)
+
+    return [say(g) for g in gold], [say(d) for d in distract], tuple(word(a) for a in answers) + answers
+
+
+def _maybe_in_words(task, rng: random.Random, gold, distract, answers):
+    """notes_words_share of the facts in words. At 0 no random number is drawn, so every earlier config
+    draws the documents it drew before."""
+    if task.words_share and rng.random() < task.words_share:
+        return _in_words(gold, distract, answers) or (gold, distract, answers)
+    return gold, distract, answers
 
 
 def _entity(rng: random.Random) -> str:
@@ -376,12 +422,14 @@ def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
         gold, distract, question, answers, subject, opener, filler = (report_fact if shape == "report"
                                                                       else roster_fact)(rng)
         task._titles = (opener, None)  # the report's own opening line, first whatever the title draw was
+        gold, distract, answers = _maybe_in_words(task, rng, gold, distract, answers)
         return _place(task, rng, n_chunks, index, shape, "report", filler, gold, distract, question, answers,
                       subject)
     # `subject`: the role a role question asks about, which a title may name (notes_title_share).
     gold, distract, question, answers, subject = {"attr": _attr, "role": _role, "extreme": _extreme,
                                          "role_split": _role_split, "role_told": _role_told,
                                          "role_handover": _role_handover, "attr_dated": _attr_dated}[shape](rng)
+    gold, distract, answers = _maybe_in_words(task, rng, gold, distract, answers)
     # Why noise haystacks are opt-in here: a model that only ever met "The grass is green." around needles
     # learned to keep any short "The X is Y" sentence (docs/notes-model.md, stage 2). At 0 no random number
     # is drawn, so the held-out prose documents (benchmarks/notes_heldout.py) stay the same documents.
