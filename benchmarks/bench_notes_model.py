@@ -2,8 +2,8 @@
 
 Every cell is one `memagent eval` run (RULER tasks, greedy, the embedded defaults 512 / 64, the notes
 template) or one planted-fact run (benchmarks/planted_fact.py, test split), for each model and with the
-lexical skip gate off and on (the demo only off: it is the README's command as written). Runs go to benchmarks/results/eval_runs/notes/<model>/<gate>/<cell> and
-resume where they stopped (rerun the same command); the table of every finished cell is collected into
+lexical skip gate off and on (the demo only off: it is the README's command as written). Runs go to
+benchmarks/results/eval_runs/notes/<model>/<gate>/<cell> and resume where they stopped (rerun the same command); the table of every finished cell is collected into
 benchmarks/results/notes_model.json with the command, date and machine, and printed.
 
     python benchmarks/bench_notes_model.py --cells niah_multikey_2@4k,niah_single_1@16k --n 8

@@ -627,6 +627,7 @@ def test_counts_in_words_are_opt_in_keep_the_digits_as_an_answer_and_word_the_lo
     written in words; the digit form stays an accepted answer; codes, years, dates and times keep their
     digits; at 0 every document is the one drawn before the knob existed."""
     from memagent.rl.config import ConfigError, TrainConfig
+    from memagent.rl import notes_prose
     from memagent.rl.notes_prose import _COUNT, number_words
 
     assert [number_words(n) for n in (0, 7, 13, 20, 34, 100, 230, 999)] == [
@@ -636,8 +637,15 @@ def test_counts_in_words_are_opt_in_keep_the_digits_as_an_answer_and_word_the_lo
         number_words(1000)
     kw = dict(chunk_tokens=256, max_chunks=2, memory_tokens=64, seed=5, qa_share=0.0, prose_share=1.0,
               prose_shapes=("attr", "extreme", "attr_dated"))
-    plain, worded = NotesTask(smol_tokenizer, **kw), NotesTask(smol_tokenizer, words_share=1.0, **kw)
-    assert plain.sample(3) == NotesTask(smol_tokenizer, words_share=0.0, **kw).sample(3)
+    assert _COUNT.sub(lambda m: number_words(int(m.group(1))),
+                      "Code AB-123 weighs 3.5 kg at 12:30 on 12 March 1846; 1,234 people, then 45.") == \
+        "Code AB-123 weighs 3.5 kg at 12:30 on 12 March 1846; 1,234 people, then forty-five."
+    worded = NotesTask(smol_tokenizer, words_share=1.0, **kw)
+    # at 0 the knob draws no random number: the documents equal those of a generator without the knob
+    plain = [NotesTask(smol_tokenizer, **kw).sample(i) for i in range(6)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(notes_prose, "_maybe_in_words", lambda task, rng, gold, distract, answers: (gold, distract, answers))
+        assert plain == [NotesTask(smol_tokenizer, **kw).sample(i) for i in range(6)]
     n_worded = 0
     for i in range(40):
         s = worded.sample(i)

@@ -220,6 +220,7 @@ def _in_words(gold: list[str], distract: list[str], answers: tuple[str, ...]):
     not its spelling. None when the answer has no bare count to write."""
     if not any(_COUNT.search(a) for a in answers):
         return None
+
     def word(t: str) -> str:
         return _COUNT.sub(lambda m: number_words(int(m.group(1))), t)
 
