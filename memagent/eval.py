@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import hashlib
 import io
 import json
 import os
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .fileio import Appender, FileError, atomic_write, describe, exclusive
+from .models import tokenizer_owner
 from .protocol import Backend, GenerationRequest
 from .redact import redact_argv, scrub
 from .specials import defuse, pattern, special_strings
@@ -284,18 +286,38 @@ class Runner:
 
 # ---- the run ------------------------------------------------------------------------------------------
 
+def _tokenizer_key(path: str | None) -> str | None:
+    """What makes two runs' tokenizers the same one: the registered model memagent derived it from (its
+    cache path depends on the cache's state), else the file's content, so a moved copy still resumes; a
+    file that is gone can only be compared by its path."""
+    if not path:
+        return path
+    owner = tokenizer_owner(path)
+    if owner:
+        return "model:" + owner
+    p = Path(path)
+    return "sha256:" + hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else path
+
+
 def _check_dir(out: Path, cfg: EvalConfig) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "config.json"
+    identity = cfg.identity()
+    identity["tokenizer_key"] = _tokenizer_key(identity["tokenizer"])  # what it is, beside where it sat
     if path.is_file():
-        old, new = json.loads(path.read_text()).get("identity", {}), cfg.identity()
-        keys = list(new) + [k for k in old if k not in new]  # both ways: the gates appear only when on
+        old = json.loads(path.read_text()).get("identity", {})
+        keys = list(identity) + [k for k in old if k not in identity]  # both ways: the gates appear only when on
         if "template_digest" not in old:  # written before the digest was recorded: the name is all we have
             keys.remove("template_digest")
-        diff = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+        old_tok = old.get("tokenizer_key") or _tokenizer_key(old.get("tokenizer"))
+        diff = [f"{k}: {old.get(k)!r} -> {identity.get(k)!r}" for k in keys
+                if k not in ("tokenizer", "tokenizer_key") and old.get(k) != identity.get(k)]
+        if old_tok != identity["tokenizer_key"]:
+            diff.append(f"tokenizer: {old.get('tokenizer')!r} ({old_tok}) -> {identity['tokenizer']!r} "
+                        f"({identity['tokenizer_key']})")
         if diff:
             raise ValueError(f"{out} holds a run with other settings ({'; '.join(diff)}); use another --out")
-    atomic_write(path, json.dumps({"identity": cfg.identity(), "config": asdict(cfg)}, indent=1) + "\n", "eval config")
+    atomic_write(path, json.dumps({"identity": identity, "config": asdict(cfg)}, indent=1) + "\n", "eval config")
 
 
 class _Progress:

@@ -274,11 +274,37 @@ def hf_dir(name: str) -> Path:
     return out
 
 
+def _gguf_tokenizer_dir(gguf: Path) -> Path:
+    return cache_root() / "tokenizers" / (hashlib.sha256(str(gguf.resolve()).encode()).hexdigest()[:16])
+
+
+def tokenizer_owner(path: str | Path) -> str | None:
+    """The registered model whose tokenizer memagent derived at `path` in its cache, else None. The same
+    tokenizer sits at one of two places depending on the cache's state (the HF folder once converted, a
+    copy read from the GGUF before), so a path alone cannot say whether two runs counted tokens alike."""
+    p = Path(path)
+    if p.name != "tokenizer.json" or not p.is_relative_to(cache_root()):
+        return None
+    rel = p.relative_to(cache_root()).parts
+    if len(rel) == 3 and rel[1] == "hf" and rel[0] in MODELS:
+        return MODELS[rel[0]].base or rel[0]  # an adapter leaves the tokenizer alone
+    if len(rel) == 3 and rel[0] == "tokenizers":
+        for key in {spec.base or spec.name for spec in MODELS.values()}:
+            spec = MODELS[key]
+            try:  # the GGUF's place, whether or not it is installed here: one file in its package, else the cache
+                gguf = _part_path(*spec.parts[0]) if len(spec.parts) == 1 else cache_root() / key / f"{key}.gguf"
+            except ModelError:
+                continue
+            if _gguf_tokenizer_dir(gguf).name == rel[1]:
+                return key
+    return None
+
+
 def tokenizer_path(name_or_path: str) -> Path:
     """tokenizer.json for a registered model name, an HF folder, or a GGUF file (converted, cached)."""
     p = Path(name_or_path).expanduser()
     if p.suffix == ".gguf" and p.is_file():
-        out = cache_root() / "tokenizers" / (hashlib.sha256(str(p.resolve()).encode()).hexdigest()[:16])
+        out = _gguf_tokenizer_dir(p)
         if not (out / "tokenizer.json").is_file():
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             from transformers import AutoTokenizer

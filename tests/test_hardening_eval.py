@@ -5,6 +5,8 @@ flock conflicts between two opens in one process as between two processes), inst
 import contextlib
 import io
 import json
+
+import pytest
 from pathlib import Path
 
 from memagent.fileio import exclusive
@@ -60,3 +62,41 @@ def test_second_eval_on_one_folder_is_refused(tmp_path):
     assert sorted(x.name for x in out.iterdir()) == []
     assert evaluate(out).returncode == 0
     assert ".lock" not in [x.name for x in out.iterdir()] and not list(out.glob("*.tmp*"))
+
+
+def test_tokenizer_is_compared_by_what_it_is_not_where_it_sits(tmp_path, monkeypatch):
+    """A registered model's tokenizer lives at its HF folder once converted and at a tokenizers/ copy before,
+    so the same run resumed after the cache changed must not be refused; another model's tokenizer, or a
+    file with other content, still is."""
+    from memagent.eval import EvalConfig, _check_dir
+    from memagent.models import MODELS, _gguf_tokenizer_dir, cache_root, tokenizer_owner
+
+    monkeypatch.setenv("MEMAGENT_CACHE", str(tmp_path / "cache"))
+    key = "qwen2.5-coder-0.5b"  # split over packages: its GGUF is assembled in the cache, installed or not
+    assert len(MODELS[key].parts) > 1
+    converted = cache_root() / key / "hf" / "tokenizer.json"
+    read_from_gguf = _gguf_tokenizer_dir(cache_root() / key / f"{key}.gguf") / "tokenizer.json"
+    other = cache_root() / "smollm2-135m" / "hf" / "tokenizer.json"
+    assert tokenizer_owner(converted) == tokenizer_owner(read_from_gguf) == key
+    assert tokenizer_owner(cache_root() / "memagent-notes-0.5b" / "hf" / "tokenizer.json") == key  # an adapter's
+    assert tokenizer_owner(cache_root() / "tokenizers" / "0123456789abcdef" / "tokenizer.json") is None
+
+    def cfg(tok):
+        return EvalConfig(tasks=["niah_single_1"], lengths=[4096], model=key, tokenizer=str(tok))
+
+    run = tmp_path / "run"
+    _check_dir(run, cfg(converted))  # written when the HF folder existed (neither file needs to be here)
+    _check_dir(run, cfg(read_from_gguf))  # resumed on a machine that never converted it
+    with pytest.raises(ValueError, match="tokenizer:"):
+        _check_dir(run, cfg(other))
+
+    a, b = tmp_path / "a" / "tokenizer.json", tmp_path / "b" / "tokenizer.json"
+    for f, text in ((a, '{"v": 1}'), (b, '{"v": 1}')):
+        f.parent.mkdir()
+        f.write_text(text)
+    own = tmp_path / "own"
+    _check_dir(own, cfg(a))
+    _check_dir(own, cfg(b))  # a moved copy: same content
+    b.write_text('{"v": 2}')
+    with pytest.raises(ValueError, match="tokenizer:"):
+        _check_dir(own, cfg(b))
