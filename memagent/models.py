@@ -206,6 +206,14 @@ class _Lock:
         self.path.unlink(missing_ok=True)
 
 
+def _gguf_place(spec: ModelSpec) -> Path:
+    """Where a model's GGUF is read from: its package's file when it is one file, else the copy assembled in
+    the cache (a trained model's weights are its base's file: one copy). Raises ModelError when a one-file
+    package is not installed; an assembled copy's place is known either way."""
+    key = spec.base or spec.name
+    return _part_path(*spec.parts[0]) if len(spec.parts) == 1 else cache_root() / key / f"{key}.gguf"
+
+
 def gguf_path(name: str) -> Path:
     """The verified GGUF file: inside the package when it is one file, else assembled once in the cache."""
     spec = get_spec(name)
@@ -216,10 +224,9 @@ def gguf_path(name: str) -> Path:
     missing = [p for p in paths if not p.is_file()]
     if missing:
         raise ModelError(f"model {name}: missing file {missing[0]}; reinstall with: {install_hint(spec)}")
-    key = spec.base or name  # a trained model's weights are its base's file: one copy in the cache
-    root = cache_root() / key
+    root = cache_root() / (spec.base or name)
     stamp = root / "gguf.sha256-ok"
-    target = paths[0] if len(paths) == 1 else root / f"{key}.gguf"
+    target = _gguf_place(spec)
     if target.exists() and stamp.is_file() and stamp.read_text() == f"{target}:{target.stat().st_size}":
         return target
     with _Lock(root / ".gguf.lock"):
@@ -290,13 +297,11 @@ def tokenizer_owner(path: str | Path) -> str | None:
         return MODELS[rel[0]].base or rel[0]  # an adapter leaves the tokenizer alone
     if len(rel) == 3 and rel[0] == "tokenizers":
         for key in {spec.base or spec.name for spec in MODELS.values()}:
-            spec = MODELS[key]
-            try:  # the GGUF's place, whether or not it is installed here: one file in its package, else the cache
-                gguf = _part_path(*spec.parts[0]) if len(spec.parts) == 1 else cache_root() / key / f"{key}.gguf"
-            except ModelError:
+            try:
+                if _gguf_tokenizer_dir(_gguf_place(MODELS[key])).name == rel[1]:
+                    return key
+            except ModelError:  # a one-file model not installed here cannot have written this copy
                 continue
-            if _gguf_tokenizer_dir(gguf).name == rel[1]:
-                return key
     return None
 
 
