@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -144,8 +145,29 @@ def rows_of(model: str, gate: str, folder: Path) -> list[dict]:
         for r in d["results"]:
             out.append({"model": Path(model).name, "gate": gate, "task": r["task"], "length": r["length"],
                         "n": r["n"], "accuracy": r["accuracy"], "seconds_per_doc": r["seconds_per_sample"],
-                        "failures": r["failures"], "calls": r["calls"], "skipped_chunks": r.get("skipped_chunks")})
+                        "failures": r["failures"], "calls": r["calls"], "skipped_chunks": r.get("skipped_chunks")}
+                       | documents(folder / "samples.jsonl", r["task"], r["length"], r["n"]))
     return out
+
+
+def documents(samples: Path, task: str, length: int, n: int) -> dict:
+    """Which documents of a cell were read ("docs") and which were answered right ("right_docs"), by
+    index: two rows of the same seed read the same documents, so notes_grid.py can compare them document by
+    document (a paired test) instead of only by their totals. A failed sample counts as read and wrong; a
+    cell with partial credit (a score between 0 and 1) gets no lists, since right and wrong do not split it.
+    Only the summary's n documents (indices 0..n-1) count: a run growing the cell appends reads before its
+    summary is rewritten, and lists that disagree with the summary's n are left out rather than guessed."""
+    if not samples.is_file():
+        return {}
+    latest = {}
+    for line in samples.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            if rec.get("task") == task and rec.get("length") == length and rec.get("index", n) < n:
+                latest[rec["index"]] = rec.get("correct") or 0.0  # the last record of a document is its result
+    if len(latest) != n or any(c not in (0.0, 1.0) for c in latest.values()):
+        return {}
+    return {"docs": sorted(latest), "right_docs": sorted(i for i, c in latest.items() if c == 1.0)}
 
 
 def collect(command: str) -> dict:
@@ -185,10 +207,14 @@ def collect(command: str) -> dict:
                       "notes-0.5b: the shipped adapter folder read with --adapter; ROW+seedN: fresh documents "
                       "(eval --seed N, planted_fact --seed N) instead of the fixed measuring ones; "
                       "MODEL@CHUNK-MEMORY: read with those chunk / memory tokens instead of 512 / 64; "
-                      "demo: the README demo's two questions (accuracy over the 2), asked in one read",
+                      "demo: the README demo's two questions (accuracy over the 2), asked in one read; "
+                      "docs / right_docs: the indices of a RULER cell's documents and of those answered right "
+                      "(same seed, same documents across rows: notes_grid.py pairs them)",
               "commands": commands, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "rows": rows}
-    OUT.write_text(json.dumps(result, indent=1) + "\n")
+    # a row's document lists on one line each: one index per line would bury the rows
+    text = re.sub(r"\[(\s*\d+,?)+\s*\]", lambda m: json.dumps(json.loads(m.group(0))), json.dumps(result, indent=1))
+    OUT.write_text(text + "\n")
     return result
 
 

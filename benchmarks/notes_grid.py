@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -78,6 +79,42 @@ def table(rows: list[dict], before: str, after: str) -> str:
                 continue
             out.append(f"| {task} | {gate} | " + " | ".join(cells + [""] * (4 - len(cells))) + " |")
     return "\n".join(out)
+
+
+def sign_test(k: int, n: int) -> float:
+    """Two-sided exact sign test: the chance, if neither row were better, that n documents the two rows
+    disagree on would split at least as unevenly as k to n - k (McNemar's exact test on the discordant
+    documents). Documents both read right, or both wrong, say nothing about which row is better."""
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(k, n - k) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def paired(b: dict | None, a: dict | None) -> tuple[int, int, int] | None:
+    """(documents, right only after training, right only before) for two rows that read the same
+    documents; None when either row lacks its per-document lists or they read different documents."""
+    if not (b and a and "docs" in b and "docs" in a) or b["docs"] != a["docs"]:
+        return None
+    right_b, right_a = set(b["right_docs"]), set(a["right_docs"])
+    return len(a["docs"]), len(right_a - right_b), len(right_b - right_a)
+
+
+def paired_table(rows: list[dict], before: str, after: str) -> str:
+    """Each cell's documents compared one by one: at n = 8 a gain of one or two documents is as likely
+    chance as skill, and the totals alone do not say so."""
+    idx = index(rows)
+    out = ["| cell | gate | documents | right only trained | right only base | exact p (two-sided) |",
+           "|---|---|---|---|---|---|"]
+    for task in TASKS:
+        for gate in ("off", "lexical"):
+            for length in lengths_of(task):
+                pair = paired(idx.get((before, task, length, gate)), idx.get((after, task, length, gate)))
+                if pair:
+                    n, gained, lost = pair
+                    out.append(f"| {task}@{short(length)} | {gate} | {n} | {gained} | {lost} | "
+                               f"{sign_test(gained, gained + lost):.2g} |")
+    return "\n".join(out) if len(out) > 2 else ""
 
 
 def gain_check(a: float | None, b: float | None, need) -> bool | None:
@@ -231,6 +268,10 @@ def main(argv=None) -> int:
           f"`{args.results.relative_to(ROOT) if args.results.is_relative_to(ROOT) else args.results}`.", "",
           table(rows, args.before, args.after), "", "| goal (no gate unless said) | verdict | evidence |", "|---|---|---|"]
     md += [f"| {g} | {v} | {e} |" for g, v, e in goals(rows, args.before, args.after)]
+    pairs = paired_table(rows, args.before, args.after)
+    if pairs:
+        md += ["", "Paired on the same documents (the goals above are read from the totals; this says how "
+               "much of each difference chance could make):", "", pairs]
     text = "\n".join(md) + "\n"
     args.md.write_text(text)
     print(text)
