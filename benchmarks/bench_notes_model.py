@@ -151,23 +151,20 @@ def rows_of(model: str, gate: str, folder: Path) -> list[dict]:
 
 
 def documents(samples: Path, task: str, length: int, n: int) -> dict:
-    """Which documents of a cell were read ("docs") and which were answered right ("right_docs"), by
-    index: two rows of the same seed read the same documents, so notes_grid.py can compare them document by
-    document (a paired test) instead of only by their totals. A failed sample counts as read and wrong; a
-    cell with partial credit (a score between 0 and 1) gets no lists, since right and wrong do not split it.
-    Only the summary's n documents (indices 0..n-1) count: a run growing the cell appends reads before its
-    summary is rewritten, and lists that disagree with the summary's n are left out rather than guessed."""
-    if not samples.is_file():
-        return {}
-    latest = {}
-    for line in samples.read_text().splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            if rec.get("task") == task and rec.get("length") == length and rec.get("index", n) < n:
-                latest[rec["index"]] = rec.get("correct") or 0.0  # the last record of a document is its result
+    """Which of a cell's documents were answered right ("right_docs"), by index: two rows of the same seed
+    read the same documents 0..n-1, so notes_grid.py can compare them document by document (a paired
+    test) instead of only by their totals. Records are eval's own (`read_records`: a resumed document's
+    last record, a torn last line of a run still going ignored); a failed sample is read and wrong. Only
+    the summary's n documents count: a run growing the cell appends reads before its summary is rewritten,
+    and a cell missing one of them, or with partial credit (a score between 0 and 1, which right and wrong
+    do not split), gets no list rather than a guessed one."""
+    from memagent.eval import read_records
+
+    latest = {r["index"]: r.get("correct") or 0.0 for r in read_records(samples).values()
+              if r.get("task") == task and r.get("length") == length and r.get("index", n) < n}
     if len(latest) != n or any(c not in (0.0, 1.0) for c in latest.values()):
         return {}
-    return {"docs": sorted(latest), "right_docs": sorted(i for i, c in latest.items() if c == 1.0)}
+    return {"right_docs": sorted(i for i, c in latest.items() if c == 1.0)}
 
 
 def collect(command: str) -> dict:
@@ -208,7 +205,7 @@ def collect(command: str) -> dict:
                       "(eval --seed N, planted_fact --seed N) instead of the fixed measuring ones; "
                       "MODEL@CHUNK-MEMORY: read with those chunk / memory tokens instead of 512 / 64; "
                       "demo: the README demo's two questions (accuracy over the 2), asked in one read; "
-                      "docs / right_docs: the indices of a RULER cell's documents and of those answered right "
+                      "right_docs: the indices (0..n-1) of a RULER cell's documents answered right "
                       "(same seed, same documents across rows: notes_grid.py pairs them)",
               "commands": commands, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "rows": rows}

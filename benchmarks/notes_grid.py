@@ -93,11 +93,11 @@ def sign_test(k: int, n: int) -> float:
 
 def paired(b: dict | None, a: dict | None) -> tuple[int, int, int] | None:
     """(documents, right only after training, right only before) for two rows that read the same
-    documents; None when either row lacks its per-document lists or they read different documents."""
-    if not (b and a and "docs" in b and "docs" in a) or b["docs"] != a["docs"]:
+    documents (the same seed's 0..n-1); None when either row lacks its list or their n differ."""
+    if not (b and a and "right_docs" in b and "right_docs" in a) or b["n"] != a["n"]:
         return None
     right_b, right_a = set(b["right_docs"]), set(a["right_docs"])
-    return len(a["docs"]), len(right_a - right_b), len(right_b - right_a)
+    return a["n"], len(right_a - right_b), len(right_b - right_a)
 
 
 def paired_table(rows: list[dict], before: str, after: str) -> str:

@@ -194,8 +194,8 @@ def test_notes_grid_lays_out_two_rows_and_never_calls_an_unmeasured_goal_met(tmp
 
 
 def test_cells_keep_which_documents_were_right_and_the_grid_pairs_them(tmp_path):
-    """The per-document lists come from samples.jsonl (a resumed document's last record wins, a failed one
-    is read and wrong, partial credit gives no lists), and the grid's paired table counts the documents
+    """The per-document lists come from samples.jsonl (a resumed document's last record wins, a torn last line
+    is ignored, a failed one is read and wrong, partial credit gives no list), and the grid's paired table counts the documents
     only one row got right, with the exact sign test worked by hand: 0 of 5 discordant documents is
     2 / 2**5 = 0.0625, 1 of 8 is 2 * (1 + 8) / 2**8 = 0.0703. Rows of other documents are not paired."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -208,27 +208,27 @@ def test_cells_keep_which_documents_were_right_and_the_grid_pairs_them(tmp_path)
             {"task": "t", "length": 4096, "index": 0, "correct": 1.0},  # resumed: the later record is the result
             {"task": "t", "length": 4096, "index": 2, "correct": 0.0, "error": "boom"},
             {"task": "t", "length": 16384, "index": 5, "correct": 1.0}]
-    samples.write_text("\n".join(map(json.dumps, recs)) + "\n")
-    assert bench_notes_model.documents(samples, "t", 4096, 3) == {"docs": [0, 1, 2], "right_docs": [0, 1]}
+    recs = [r | {"id": f"t/{r['length']}/{r['index']}"} for r in recs]
+    samples.write_text("\n".join(map(json.dumps, recs)) + "\n" + '{"id": "t/4096/1", "cor')  # a run still writing
+    assert bench_notes_model.documents(samples, "t", 4096, 3) == {"right_docs": [0, 1]}
     # a cell being grown: its summary still says n = 2, so the third read waits for the next summary
-    assert bench_notes_model.documents(samples, "t", 4096, 2) == {"docs": [0, 1], "right_docs": [0, 1]}
+    assert bench_notes_model.documents(samples, "t", 4096, 2) == {"right_docs": [0, 1]}
     assert bench_notes_model.documents(samples, "t", 4096, 4) == {}  # a document missing: no lists
-    samples.write_text(json.dumps({"task": "t", "length": 4096, "index": 0, "correct": 0.5}) + "\n")
+    samples.write_text(json.dumps({"id": "t/4096/0", "task": "t", "length": 4096, "index": 0, "correct": 0.5}) + "\n")
     assert bench_notes_model.documents(samples, "t", 4096, 1) == {}
     assert bench_notes_model.documents(tmp_path / "none.jsonl", "t", 4096, 1) == {}
 
     assert notes_grid.sign_test(0, 5) == 0.0625
     assert abs(notes_grid.sign_test(1, 8) - 0.0703125) < 1e-12 and notes_grid.sign_test(7, 8) == notes_grid.sign_test(1, 8)
     assert notes_grid.sign_test(0, 0) == 1.0 and notes_grid.sign_test(2, 4) == 1.0
-    docs = list(range(8))
-    base = _row("base", "niah_multikey_1", 16384, 12.5) | {"docs": docs, "right_docs": [3]}
-    ours = _row("ours", "niah_multikey_1", 16384, 75.0) | {"docs": docs, "right_docs": [0, 1, 2, 4, 5, 6]}
+    base = _row("base", "niah_multikey_1", 16384, 12.5) | {"right_docs": [3]}
+    ours = _row("ours", "niah_multikey_1", 16384, 75.0) | {"right_docs": [0, 1, 2, 4, 5, 6]}
     assert notes_grid.paired(base, ours) == (8, 6, 1)
-    assert notes_grid.paired(base, ours | {"docs": list(range(32))}) is None
+    assert notes_grid.paired(base, ours | {"n": 32}) is None
     assert notes_grid.paired(base, _row("ours", "niah_multikey_1", 16384, 75.0)) is None
     table = notes_grid.paired_table([base, ours], "base", "ours")
     assert "| niah_multikey_1@16K | off | 8 | 6 | 1 | 0.12 |" in table  # 2 * (1 + 7) / 2**7 = 0.125
-    assert notes_grid.paired_table([base, ours | {"docs": list(range(32))}], "base", "ours") == ""
+    assert notes_grid.paired_table([base, ours | {"n": 32}], "base", "ours") == ""
 
 
 def test_best_untrained_goal_needs_more_accuracy_and_at_most_1_5x_the_seconds():
