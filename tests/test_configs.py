@@ -84,7 +84,7 @@ def test_gpu_mixture_config_draws_every_shape_it_names():
 
     c = load_config(ROOT / "configs" / "notes-qwen0.5b-mix-gpu.toml")
     task = _task(c)
-    drawn = [task.sample(i) for i in range(160)]
+    drawn = [task.sample(i) for i in range(240)]
     kinds = Counter(s.meta["kind"] for s in drawn)
     want = {"needle", "qa"} | {f"prose-{shape}" for shape in c.notes_prose_shapes}
     assert set(kinds) == want, kinds

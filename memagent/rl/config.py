@@ -35,10 +35,11 @@ class ConfigError(ValueError):
 # role_split (a role named a sentence before its person, among other names), role_told (the same after a
 # role sentence that sounds finished), role_handover (a post passing between two people), attr_dated (one
 # value per day, one day asked), report (a whole document about one organisation, rl/notes_report.py) and
-# roster (such a report whose asked person has look-alikes of the same kind, rl/notes_roster.py) are drawn
-# only when asked for.
+# roster (such a report whose asked person has look-alikes of the same kind, rl/notes_roster.py) and
+# paraphrase (an event told in none of its question's words, rl/notes_paraphrase.py) are drawn only when
+# asked for.
 NOTES_PROSE_SHAPES = ("attr", "role", "extreme", "role_split", "role_told", "role_handover", "attr_dated",
-                      "report", "roster")
+                      "report", "roster", "paraphrase")
 NOTES_DEFAULT_SHAPES = ("attr", "role", "extreme")
 
 

@@ -22,6 +22,8 @@ skill (keep the asked fact, drop look-alike facts about other things) is drawn i
   and its counts of different things, in report sentences of its own (rl/notes_report.py), and (shape
   roster) the same kind of report whose asked person has look-alikes of the same kind: the post's holder
   before, another prize's winner, another day's person, the deputy (rl/notes_roster.py);
+* on request only (shape paraphrase), an event told in none of its question's words, often beside a
+  sentence in the question's own words that is not the answer (rl/notes_paraphrase.py);
 * questions phrased several ways;
 * on request only (notes_words_share), the quantities of a fact and its look-alikes written in words
   ("two hundred and thirty degrees", "twenty-eight pupils"), as people write them: every other value here
@@ -412,13 +414,15 @@ def _extreme(rng: random.Random):
 def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
     """One document whose asked fact is told in prose (see the module docstring); a notes_data.Sample."""
     from .notes_report import report_fact  # they import this module's names lists
+    from .notes_paraphrase import paraphrase_fact
     from .notes_roster import roster_fact
 
     # The default draw weighs attributes twice; a config may narrow it (notes_prose_shapes) to aim a round at
     # the one shape its reads fail on, e.g. roles in DAPO round 7. role_split and role_told are opt-in (not in
     # the default shapes), so the default draws the same documents as before they existed.
     shape = rng.choice([s for s in ("attr", "attr", "role", "extreme", "role_split", "role_told",
-                                    "role_handover", "attr_dated", "report", "roster") if s in task.prose_shapes])
+                                    "role_handover", "attr_dated", "report", "roster", "paraphrase")
+                        if s in task.prose_shapes])
     if shape in ("report", "roster"):  # a whole document about one organisation, its own filler
         gold, distract, question, answers, subject, opener, filler = (report_fact if shape == "report"
                                                                       else roster_fact)(rng)
@@ -429,7 +433,8 @@ def prose_fact(task, rng: random.Random, n_chunks: int, index: int):
     # `subject`: the role a role question asks about, which a title may name (notes_title_share).
     gold, distract, question, answers, subject = {"attr": _attr, "role": _role, "extreme": _extreme,
                                          "role_split": _role_split, "role_told": _role_told,
-                                         "role_handover": _role_handover, "attr_dated": _attr_dated}[shape](rng)
+                                         "role_handover": _role_handover, "attr_dated": _attr_dated,
+                                         "paraphrase": paraphrase_fact}[shape](rng)
     gold, distract, answers = _maybe_in_words(task, rng, gold, distract, answers)
     # Why noise haystacks are opt-in here: a model that only ever met "The grass is green." around needles
     # learned to keep any short "The X is Y" sentence (docs/notes-model.md, stage 2). At 0 no random number
