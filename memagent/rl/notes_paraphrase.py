@@ -10,8 +10,9 @@ the document often holds the opposite trap as well: a sentence that repeats the 
 someone or something that is not the answer (a person asking it, a wrong guess, a person everyone
 expected to do it). So keeping what shares words with the question is a wrong read here, and only
 keeping what answers it is right.
-* Each event has 2-3 question wordings and 2-3 evidence wordings; tests/test_notes_training.py checks that
-  no content word of any wording of a question (or its stem) occurs in any wording of its evidence.
+* Each event has two question wordings and two evidence wordings; tests/test_notes_paraphrase.py checks
+  that no content word of any wording of a question (or a word with its first four letters) occurs in any
+  wording of its evidence.
 * Answers are people (3 in 5), counts (1 in 5) and towns (1 in 5); the other 1-3 events of the document
   have answers of the same kind, so every document holds look-alikes of the answer.
 * Never drawn (as in rl/notes_prose.py): the demo's keeper and barometer and the planted-fact benchmark's
