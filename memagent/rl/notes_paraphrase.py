@@ -210,12 +210,16 @@ def paraphrase_fact(rng: random.Random):
     gold = [_cap(rng.choice(asked.evidence).format(v=values[0]))]
     distract = [_cap(rng.choice(e.evidence).format(v=v)) for e, v in zip(events[1:], values[1:])]
     if rng.random() < 0.7:
-        someone = next(n for n in _names(rng, 4) if n not in values)
-        if kind == "person":
+        # A draw with no usable name or wrong value (six small counts all part of an answer) gets no trap
+        # rather than failing the document; every other draw is unchanged by that.
+        someone = next((n for n in _names(rng, 4) if n not in values), None)
+        if someone and kind == "person":
             traps = PERSON_TRAPS + (DOING_TRAPS if asked.doing else ())
             distract.append(_cap(rng.choice(traps).format(q=question, m=someone, d=asked.doing)))
-        else:
-            wrong = next(w for w in _values(kind, asked.span, rng, 6) if all(w not in v and v not in w for v in values))
-            distract.append(_cap(rng.choice(VALUE_TRAPS).format(q=question, m=someone, w=wrong)))
+        elif someone:
+            wrong = next((w for w in _values(kind, asked.span, rng, 6)
+                          if all(w not in v and v not in w for v in values)), None)
+            if wrong:
+                distract.append(_cap(rng.choice(VALUE_TRAPS).format(q=question, m=someone, w=wrong)))
     rng.shuffle(distract)
     return gold, distract, question, (values[0],), None
