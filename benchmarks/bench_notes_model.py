@@ -50,7 +50,7 @@ def settings(chunk: int, memory: int) -> list[str]:
 
 
 def row_key(model: str, engine: str, chunk: int = CHUNK, memory: int = MEMORY, adapter: str | None = None,
-            seed: int | None = None) -> str:
+            seed: int | None = None, snap: int = 0) -> str:
     """The row (and folder) name: other weights (llama.cpp's Q4, an adapter), other read settings or other
     documents (--seed) are another row, never mixed into the default one."""
     from memagent.models import adapter_label
@@ -58,6 +58,7 @@ def row_key(model: str, engine: str, chunk: int = CHUNK, memory: int = MEMORY, a
     key = Path(model).name + (f"+{adapter_label(adapter)}" if adapter else "")
     key += "+llama.cpp" if engine == "llama.cpp" else ""
     key += f"@{chunk}-{memory}" if (chunk, memory) != (CHUNK, MEMORY) else ""
+    key += f"+snap{snap}" if snap else ""  # chunks ending at sentence ends (--chunk-snap): other chunks
     return key + (f"+seed{seed}" if seed is not None else "")
 
 
@@ -88,10 +89,11 @@ def ask_demo(args: list[str], env: dict | None = None) -> tuple[list[dict], int,
 
 
 def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads: int, engine: str = "torch",
-             chunk: int = CHUNK, memory: int = MEMORY, adapter: str | None = None, seed: int | None = None) -> Path:
+             chunk: int = CHUNK, memory: int = MEMORY, adapter: str | None = None, seed: int | None = None,
+             snap: int = 0) -> Path:
     name, _, at = cell.partition("@")
-    folder = RUNS / row_key(model, engine, chunk, memory, adapter, seed) / gate / cell.replace("@", "-")
-    read_args = settings(chunk, memory)
+    folder = RUNS / row_key(model, engine, chunk, memory, adapter, seed, snap) / gate / cell.replace("@", "-")
+    read_args = settings(chunk, memory) + (["--chunk-snap", str(snap)] if snap else [])
     # always explicit: a registered model's own default engine (memagent models) must not move a torch row
     engine_args = ["--engine", engine] + (["--adapter", adapter] if adapter else [])
     folder.mkdir(parents=True, exist_ok=True)
@@ -105,6 +107,8 @@ def run_cell(model: str, gate: str, cell: str, n: int, concurrency: int, threads
         out.write_text(json.dumps({"runs": runs, "rc": rc, "wall_seconds": wall}, indent=1) + "\n")
         return folder
     if name == "planted":
+        if snap:
+            raise SystemExit("--chunk-snap is for RULER cells and the demo (planted_fact.py cuts its own chunks)")
         out = folder / "planted.json"
         if out.is_file() and all(r["docs"] == n for r in json.loads(out.read_text())["runs"]):
             return folder
@@ -246,6 +250,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=None,
                     help="fresh documents: eval's data seed and planted_fact's document seed (default: the fixed "
                          "measuring documents, eval seed 42 and planted seed 0); rows are named MODEL...+seedN")
+    ap.add_argument("--chunk-snap", type=int, default=0, metavar="N",
+                    help="end chunks at the last sentence end within their final N tokens (memagent --chunk-snap); "
+                         "rows are named MODEL...+snapN")
     ap.add_argument("--collect", action="store_true", help="only rebuild the JSON from finished runs")
     args = ap.parse_args(argv)
     if args.seed is not None and "demo" in args.cells.split(","):
@@ -258,7 +265,7 @@ def main(argv=None) -> int:
             for gate in args.gates.split(","):
                 for model in args.models.split(","):
                     run_cell(model, gate, cell, args.n, args.concurrency, args.threads, args.engine,
-                             args.chunk_tokens, args.memory_tokens, args.adapter, args.seed)
+                             args.chunk_tokens, args.memory_tokens, args.adapter, args.seed, args.chunk_snap)
                     print_table(collect(command))
     print_table(collect(command))
     return 0

@@ -93,11 +93,15 @@ def sign_test(k: int, n: int) -> float:
 
 def paired(b: dict | None, a: dict | None) -> tuple[int, int, int] | None:
     """(documents, right only after training, right only before) for two rows that read the same
-    documents (the same seed's 0..n-1); None when either row lacks its list or their n differ."""
-    if not (b and a and "right_docs" in b and "right_docs" in a) or b["n"] != a["n"]:
+    documents (the same seed's 0..n-1); None when either row lacks its list. Rows of different n are
+    paired on the documents both read, the first min(n): a cell grown to 32 for one row and left at 8 for
+    the other still says what its first 8 documents say."""
+    if not (b and a and "right_docs" in b and "right_docs" in a):
         return None
-    right_b, right_a = set(b["right_docs"]), set(a["right_docs"])
-    return a["n"], len(right_a - right_b), len(right_b - right_a)
+    n = min(b["n"], a["n"])
+    right_b = {i for i in b["right_docs"] if i < n}
+    right_a = {i for i in a["right_docs"] if i < n}
+    return n, len(right_a - right_b), len(right_b - right_a)
 
 
 def paired_table(rows: list[dict], before: str, after: str) -> str:

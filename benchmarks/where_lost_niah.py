@@ -82,7 +82,8 @@ def folder_report(folder: Path) -> dict:
     outcomes, drops, per_sample = {}, {"look_alike": 0, "no_needle": 0, "own_needle": 0}, []
     for sid, rec in sorted(records.items()):
         s = samples[sid]
-        chunk_keys = [needle_keys(ch.text) for ch in iter_chunks(io.StringIO(s.document), tok, cfg["chunk_tokens"])]
+        chunk_keys = [needle_keys(ch.text) for ch in iter_chunks(io.StringIO(s.document), tok, cfg["chunk_tokens"],
+                                                                    cfg.get("chunk_snap", 0))]
         key = asked_key(s.question)
         got = classify_drops(rec, chunk_keys, key)
         for k, v in got.items():

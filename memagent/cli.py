@@ -75,6 +75,9 @@ def add_gate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--early-exit", default="off", choices=EXIT_MODES,
                    help="marker: the model may end its memory with the template's exit marker once it holds "
                         "the answer; reading stops there and the answer is asked at once. Off by default")
+    p.add_argument("--chunk-snap", type=int, default=0, metavar="N",
+                   help="end each chunk at the last line or sentence end within its final N tokens (never past "
+                        "--chunk-tokens), so a fact is not cut in half by a boundary. 0 (default): token-exact")
 
 
 def check_gates(args, template) -> None:
@@ -188,7 +191,8 @@ def cmd_ask(args) -> int:
     backend, tokenizer, spec = backend_from_args(args)
     agent = MemoryAgent(backend, tokenizer, template=template, chunk_tokens=chunk, memory_tokens=memory,
                         answer_tokens=args.answer_tokens, temperature=args.temperature, seed=args.seed,
-                        skip_update=args.skip_update, early_exit=args.early_exit)
+                        skip_update=args.skip_update, early_exit=args.early_exit,
+                        chunk_snap=args.chunk_snap)
     check_window(agent, spec, questions)
     from .progress import CallCounter, ReadProgress, estimate_chunks
 

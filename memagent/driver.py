@@ -217,8 +217,13 @@ class MemoryAgent:
     def __init__(self, backend: Backend, tokenizer: Tokenizer, template: Template | str = "memagent",
                  chunk_tokens: int = 5000, memory_tokens: int = 1024, answer_tokens: int = 256,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 reader_config: ReaderConfig | None = None, skip_update: str = "off", early_exit: str = "off"):
+                 reader_config: ReaderConfig | None = None, skip_update: str = "off", early_exit: str = "off",
+                 chunk_snap: int = 0):
         checks.positive_int("chunk_tokens", chunk_tokens)
+        if not isinstance(chunk_snap, int) or isinstance(chunk_snap, bool) or not 0 <= chunk_snap < chunk_tokens:
+            raise ValueError(f"chunk_snap (--chunk-snap) must be a whole number of tokens from 0 to chunk_tokens - 1 "
+                             f"({chunk_tokens - 1}), got {chunk_snap!r}")
+        self.chunk_snap = chunk_snap  # chunking.iter_chunks: end chunks at sentence ends within this many tokens
         if reader_config is None:
             checks.positive_int("memory_tokens", memory_tokens)
             checks.positive_int("answer_tokens", answer_tokens)
@@ -265,6 +270,8 @@ class MemoryAgent:
                "backend": getattr(self.backend, "name", type(self.backend).__name__)}
         if self.reader.gates_id:  # only when on, so state files written before the gates still resume
             out["gates"] = self.reader.gates_id
+        if self.chunk_snap:  # likewise: other chunks are another read
+            out["chunk_snap"] = self.chunk_snap
         return out
 
     async def aread(self, doc, questions: list[str], *, trace: str | Path | None = None,
@@ -368,7 +375,8 @@ class MemoryAgent:
 
     # ---- internals --------------------------------------------------------------------------------
     def _chunks(self, document) -> "_Prefetch":
-        return _Prefetch(iter_chunks(document, self.tokenizer, self.chunk_tokens), self.chunk_tokens,
+        chunks = iter_chunks(document, self.tokenizer, self.chunk_tokens, self.chunk_snap)
+        return _Prefetch(chunks, self.chunk_tokens,
                          getattr(self.tokenizer, "tokenize_in_thread", True), daemon=document.blocking)
 
     async def _verify_read(self, document, store: StateFile, chunks_done: int, complete: bool | None) -> None:

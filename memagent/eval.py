@@ -72,6 +72,7 @@ class EvalConfig:
     adapter: str | None = None  # embedded: a LoRA folder applied to the model (--adapter)
     adapter_digest: str | None = None  # its weights' sha256: retrained in place is another model
     merge_lora: bool = False  # llama.cpp: the adapter folded into Q8_0 weights (--merge-lora), not applied per token
+    chunk_snap: int = 0  # memagent: chunks end at a sentence end within this many tokens (chunking.iter_chunks)
 
     def identity(self) -> dict:
         d = asdict(self)
@@ -82,6 +83,8 @@ class EvalConfig:
             keep["context_window"] = None
             # the gates join the identity only when on, so folders written before they existed still resume
             keep.update({k: d[k] for k in ("skip_update", "early_exit") if d[k] != "off"})
+            if self.chunk_snap:  # likewise
+                keep["chunk_snap"] = self.chunk_snap
         keep.update({k: d[k] for k in ("adapter", "adapter_digest") if d[k] is not None})  # likewise
         if self.merge_lora:
             keep["merge_lora"] = True
@@ -234,7 +237,8 @@ class Runner:
             self.agent = MemoryAgent(backend, tokenizer, template=template or cfg.template,
                                      chunk_tokens=cfg.chunk_tokens, memory_tokens=cfg.memory_tokens,
                                      answer_tokens=cfg.answer_tokens, temperature=cfg.temperature, seed=cfg.seed,
-                                     skip_update=cfg.skip_update, early_exit=cfg.early_exit)
+                                     skip_update=cfg.skip_update, early_exit=cfg.early_exit,
+                                     chunk_snap=cfg.chunk_snap)
         elif cfg.method == "direct":
             if not cfg.context_window:
                 raise ValueError("--method direct needs the model's window: pass --context-window N")
@@ -504,6 +508,8 @@ def main(args) -> int:
     check_gates(args, tmpl)
     if args.method == "direct" and (args.skip_update != "off" or args.early_exit != "off"):
         raise ValueError("--skip-update and --early-exit apply to --method memagent (direct makes one call)")
+    if args.method == "direct" and args.chunk_snap:
+        raise ValueError("--chunk-snap applies to --method memagent (direct reads no chunks)")
     if args.skip_update != "off" and set(names) & AGGREGATE_TASKS:
         print(f"memagent: warning: --skip-update {args.skip_update} skips chunks an aggregation task "
               f"({', '.join(sorted(set(names) & AGGREGATE_TASKS))}) needs to count", file=sys.stderr)
@@ -520,13 +526,13 @@ def main(args) -> int:
                      context_window=window if args.method == "direct" else None,
                      skip_update=args.skip_update, early_exit=args.early_exit,
                      adapter=args.adapter, adapter_digest=adapter_digest(args.adapter),
-                     merge_lora=bool(getattr(args, "merge_lora", False)))
+                     merge_lora=bool(getattr(args, "merge_lora", False)), chunk_snap=args.chunk_snap)
     if args.method == "memagent" and spec is not None:
         from .cli import check_window
         from .driver import MemoryAgent
 
         check_window(MemoryAgent(backend, tokenizer, template=tmpl, chunk_tokens=chunk, memory_tokens=memory,
-                                 early_exit=args.early_exit), spec, ["x" * 200])
+                                 early_exit=args.early_exit, chunk_snap=args.chunk_snap), spec, ["x" * 200])
 
     async def go():
         try:

@@ -125,6 +125,9 @@ def test_notes_model_rows_keep_engines_and_read_settings_apart(monkeypatch):
     # fresh documents (--seed) are another row: a fixed-seed number and a fresh-seed one never share a cell
     assert row_key("qwen2.5-coder-0.5b", "llama.cpp", adapter="runs/x/final", seed=43) == \
         "qwen2.5-coder-0.5b+x+llama.cpp+seed43"
+    # chunks cut at sentence ends (--chunk-snap) are other chunks: another row
+    assert row_key("qwen2.5-coder-0.5b", "llama.cpp", adapter="runs/x/final", snap=64) == \
+        "qwen2.5-coder-0.5b+x+llama.cpp+snap64"
 
 
 def test_planted_fact_seed_draws_other_documents(smol_tokenizer, monkeypatch):
@@ -224,11 +227,13 @@ def test_cells_keep_which_documents_were_right_and_the_grid_pairs_them(tmp_path)
     base = _row("base", "niah_multikey_1", 16384, 12.5) | {"right_docs": [3]}
     ours = _row("ours", "niah_multikey_1", 16384, 75.0) | {"right_docs": [0, 1, 2, 4, 5, 6]}
     assert notes_grid.paired(base, ours) == (8, 6, 1)
-    assert notes_grid.paired(base, ours | {"n": 32}) is None
+    # grown to 32 for one row only: paired on the 8 documents both read, the later ones left out
+    assert notes_grid.paired(base, ours | {"n": 32, "right_docs": [0, 1, 2, 4, 5, 6, 9, 30]}) == (8, 6, 1)
+    assert notes_grid.paired(base | {"n": 32, "right_docs": [3, 8, 31]}, ours) == (8, 6, 1)
     assert notes_grid.paired(base, _row("ours", "niah_multikey_1", 16384, 75.0)) is None
     table = notes_grid.paired_table([base, ours], "base", "ours")
     assert "| niah_multikey_1@16K | off | 8 | 6 | 1 | 0.12 |" in table  # 2 * (1 + 7) / 2**7 = 0.125
-    assert notes_grid.paired_table([base, ours | {"n": 32}], "base", "ours") == ""
+    assert notes_grid.paired_table([base, _row("ours", "niah_multikey_1", 16384, 75.0)], "base", "ours") == ""
 
 
 def test_best_untrained_goal_needs_more_accuracy_and_at_most_1_5x_the_seconds():
@@ -353,3 +358,17 @@ def test_merged_weights_smoke(tmp_path):
     for mode in ("runtime", "merged"):
         assert r[mode]["calls"] >= 2 and r[mode]["prompt_tokens_per_s_median"] > 0 and r[mode]["seconds_per_doc"] > 0
     assert r["prompt_speedup"] > 0 and 0 <= r["same_answer"] <= 1 and len(r["rows"]) == 1
+
+
+def test_chunk_snap_cuts_counts_a_cut_needle(smol_tokenizer, monkeypatch):
+    """benchmarks/chunk_snap_cuts.py: a needle sentence a token-exact boundary cuts (single_1 document 11
+    at 4K with SmolLM2's tokenizer) is counted, and a 64-token snap window leaves it whole."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from chunk_snap_cuts import cut_ids, needle_sentence
+
+    doc = "One of the special magic numbers for a-b is: 1. Filler. One of the special magic numbers for c-d is: 22."
+    assert needle_sentence(doc, "22") == "One of the special magic numbers for c-d is: 22"
+    exact, ids, n_exact = cut_ids("niah_single_1", 4096, 16, smol_tokenizer, 512, 0)
+    snapped, _, n_snapped = cut_ids("niah_single_1", 4096, 16, smol_tokenizer, 512, 64)
+    assert exact == {"niah_single_1/4096/11"} and snapped == set() and len(ids) == 16
+    assert n_snapped >= n_exact == 16 * 8

@@ -98,3 +98,65 @@ def test_invalid_utf8_replaced_and_counted(tmp_path):
 def test_chunk_size_must_be_positive():
     with pytest.raises(ValueError):
         list(iter_chunks("abc", ByteTokenizer(), 0))
+
+
+def snapped(text, tok, n, snap):
+    """Chunks with `snap`: lossless, never over n tokens, never under n - snap but the last, counts exact."""
+    chunks = list(iter_chunks(text, tok, n, snap))
+    assert "".join(c.text for c in chunks) == text
+    assert all(n - snap <= c.n_tokens <= n for c in chunks[:-1])
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    assert sum(c.n_tokens for c in chunks) == len(tok.encode(text))
+    return chunks
+
+
+def test_snap_ends_chunks_at_sentences_and_keeps_a_fact_whole():
+    """The failure it is for: a boundary inside "is: 75726996-4c84-..." leaves half a value in each chunk."""
+    filler = "The grass is green. The sky is blue. "  # 37 bytes a sentence pair
+    fact = "One of the special magic uuids for brief-restroom is: 75726996-4c84-4afe-a117-c2f931ce7ac2. "
+    text = filler * 5 + fact + filler * 5
+    tok = ByteTokenizer()
+    cut = fact.index("4c84") + 2 + len(filler) * 5  # a 200-byte chunk would end inside the uuid
+    n = cut
+    exact = list(iter_chunks(text, tok, n))
+    assert "75726996-4c84-4afe-a117-c2f931ce7ac2" not in exact[0].text + "|" + exact[1].text.split(".")[0]
+    chunks = snapped(text, tok, n, 80)  # the last sentence end is 66 bytes back
+    assert chunks[0].text == (filler * 5).rstrip()  # the space opens the next chunk, as " The" is one token
+    assert any("75726996-4c84-4afe-a117-c2f931ce7ac2" in c.text for c in chunks)
+    # a window too small to reach a sentence end cuts token-exact, as without snap
+    tight = snapped(text, tok, n, 2)
+    assert tight[0].text == exact[0].text
+
+
+def test_snap_prefers_the_latest_end_and_reads_line_ends():
+    text = "alpha beta.\ngamma delta epsilon zeta eta theta iota kappa"
+    tok = ByteTokenizer()
+    chunks = snapped(text, tok, 30, 25)
+    assert chunks[0].text == "alpha beta.\n"
+    assert snapped("Dr. Who? Yes! Then 'no.' And more words here", tok, 30, 20)[0].text == "Dr. Who? Yes! Then 'no.'"
+
+
+def test_snap_streaming_equals_whole_text(smol_tokenizer, essays):
+    """Decisions look only at the text around each cut, so block boundaries do not move them."""
+    from memagent.chunking import Document
+
+    text = essays[:600_000]
+    whole = [(c.text, c.n_tokens) for c in snapped(text, smol_tokenizer, 512, 48)]
+    small = Document("<small blocks>", lambda: io.StringIO(text), len(text))
+    small.blocks = lambda block_chars=5_000, _b=small.blocks: _b(block_chars)
+    assert [(c.text, c.n_tokens) for c in iter_chunks(small, smol_tokenizer, 512, 48)] == whole
+    assert sum(n < 512 for _, n in whole) > len(whole) // 2  # essays end sentences often: most cuts move
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.text(alphabet=st.sampled_from("ab .!?\n\"'"), min_size=1, max_size=300),
+       st.integers(min_value=2, max_value=30), st.integers(min_value=1, max_value=29))
+def test_snap_roundtrip_property(text, n, snap):
+    snapped(text, ByteTokenizer(), n, min(snap, n - 1))
+
+
+def test_snap_must_fit_in_the_chunk():
+    with pytest.raises(ValueError, match="chunk snap"):
+        list(iter_chunks("abc", ByteTokenizer(), 4, 4))
+    with pytest.raises(ValueError, match="chunk snap"):
+        list(iter_chunks("abc", ByteTokenizer(), 4, -1))

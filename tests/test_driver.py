@@ -180,3 +180,54 @@ def test_tokenizer_mismatch_warning(smol_tokenizer):
     assert any("does not match" in w for w in a.warnings)
     ok = MemoryAgent(ScriptedBackend(), smol_tokenizer, template="notes", chunk_tokens=300)
     assert ok.ask(doc_with("The secret code is 4."), "What is the secret code?").warnings == []
+
+
+# ---- chunks that end at sentence ends (--chunk-snap) ---------------------------------------------------
+
+def _number_keeper(req):
+    """Keeps the first seven-digit number a section shows (digits cut by a boundary are not one); answers
+    with the kept number."""
+    import re
+
+    prompt = req.messages[-1]["content"]
+    memory = re.search(r"<notes>\n(.*?)\n</notes>", prompt, re.S).group(1)
+    memory = "" if memory.startswith("(no notes") else memory
+    sec = re.search(r"<section>\n(.*)\n</section>", prompt, re.S)
+    if sec is None:
+        return f"\\boxed{{{memory or 'unknown'}}}"
+    found = re.findall(r"(?<!\d)\d{7}(?!\d)", sec.group(1))
+    return memory or (found[0] if found else "")
+
+
+def test_chunk_snap_keeps_a_cut_fact_whole(smol_tokenizer):
+    """A boundary inside the number leaves no whole number in either chunk; snapped chunks keep it whole."""
+    text = doc_with("The secret code is 7341298.", before=20, after=20)
+    _, starts = smol_tokenizer.encode_offsets(text)
+    inside = text.index("7341298") + 4
+    chunk = max(i for i, s in enumerate(starts) if s <= inside)  # the first chunk ends inside the number
+    assert text[starts[chunk - 1]:starts[chunk + 1]].strip().isdigit() or "734" in text[starts[chunk - 2]:starts[chunk]]
+
+    def ask(snap):
+        return MemoryAgent(ScriptedBackend(policy=_number_keeper), smol_tokenizer, template="notes",
+                           chunk_tokens=chunk, memory_tokens=64, chunk_snap=snap).ask(text, "What is the code?")
+
+    exact, snapped = ask(0), ask(48)
+    assert exact.answer != "7341298" and snapped.answer == "7341298"
+    agent = MemoryAgent(ScriptedBackend(), smol_tokenizer, template="notes", chunk_tokens=128, chunk_snap=16)
+    assert agent.settings()["chunk_snap"] == 16  # a state file of other chunks is another read
+    assert "chunk_snap" not in MemoryAgent(ScriptedBackend(), smol_tokenizer, chunk_tokens=128).settings()
+    for bad in (128, -1, 2.5, True):
+        with pytest.raises(ValueError, match="chunk_snap"):
+            MemoryAgent(ScriptedBackend(), smol_tokenizer, chunk_tokens=128, chunk_snap=bad)
+
+
+def test_chunk_snap_is_part_of_an_eval_folder(smol_tokenizer, tmp_path, capsys):
+    from memagent.cli import main
+    from memagent.eval import EvalConfig
+
+    assert EvalConfig(tasks=["x"], lengths=[1], chunk_snap=32).identity()["chunk_snap"] == 32
+    assert "chunk_snap" not in EvalConfig(tasks=["x"], lengths=[1]).identity()  # old folders still resume
+    (tmp_path / "d.txt").write_text("some text. " * 50)
+    rc = main(["ask", str(tmp_path / "d.txt"), "Q?", "--backend", "instant", "--chunk-tokens", "64",
+               "--chunk-snap", "64"])
+    assert rc == 2 and "chunk_snap" in capsys.readouterr().err
