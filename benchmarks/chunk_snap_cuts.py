@@ -30,7 +30,7 @@ from notes_grid import sign_test  # noqa: E402
 from memagent import models  # noqa: E402
 from memagent.chunking import iter_chunks  # noqa: E402
 from memagent.eval import read_records  # noqa: E402
-from memagent.tasks import iter_samples  # noqa: E402
+from memagent.tasks import format_length, iter_samples, parse_lengths  # noqa: E402
 from memagent.tokenizer import load_tokenizer  # noqa: E402
 
 NEEDLES = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2")
@@ -46,48 +46,46 @@ def needle_sentence(document: str, gold: str) -> str:
     return document[(starts[-1] if starts else at):at + len(gold)]
 
 
-def cut_ids(task: str, length: int, n: int, tok, chunk: int, snap: int, seed: int = 42) -> tuple[set[str], set[str], int]:
-    """(ids of samples whose needle sentence no chunk holds whole, every sample id, chunks over all samples)."""
-    cut, ids, chunks = set(), set(), 0
-    for s in iter_samples([task], [length], n, tok, seed):
-        ids.add(s.id)
+def cut_ids(samples: list, tok, chunk: int, snap: int) -> tuple[set[str], int]:
+    """(ids of the samples whose needle sentence no chunk holds whole, chunks over all samples)."""
+    cut, chunks = set(), 0
+    for s in samples:
         sentence = needle_sentence(s.document, s.gold[0])
         texts = [c.text for c in iter_chunks(io.StringIO(s.document), tok, chunk, snap)]
         chunks += len(texts)
         if not any(sentence in t for t in texts):
             cut.add(s.id)
-    return cut, ids, chunks
+    return cut, chunks
 
 
-def outcome_by_cut(folder: Path, cut: set[str], ids: set[str]) -> dict | None:
-    """Right reads among cut and whole needles of the samples `ids` in one committed eval folder (None when
-    it is absent)."""
+def rights(folder: Path, ids: set[str]) -> dict[str, bool] | None:
+    """Whether each of `ids` a committed eval folder read was answered right (a cell left at n = 8 holds the
+    first 8); None when it read none of them."""
     samples = folder / "samples.jsonl"
-    if not samples.is_file():
-        return None
-    recs = [r for r in read_records(samples).values() if r.get("correct") is not None and r["id"] in ids]
-    cut_recs = [r for r in recs if r["id"] in cut]
-    whole = [r for r in recs if r["id"] not in cut]
-    return {"n": len(recs), "cut": len(cut_recs), "cut_right": sum(r["correct"] == 1 for r in cut_recs),
-            "whole": len(whole), "whole_right": sum(r["correct"] == 1 for r in whole)}
+    recs = read_records(samples) if samples.is_file() else {}
+    got = {r["id"]: r.get("correct") == 1 for r in recs.values() if r["id"] in ids and r.get("correct") is not None}
+    return got or None
 
 
-def paired(exact: Path, snapped: Path, ids: set[str]) -> dict | None:
+def by_cut(right: dict[str, bool], cut: set[str]) -> dict:
+    """Right reads among the documents whose needle token-exact chunks cut, and among the others."""
+    return {"n": len(right), "cut": sum(i in cut for i in right), "cut_right": sum(v and i in cut for i, v in right.items()),
+            "whole": sum(i not in cut for i in right), "whole_right": sum(v and i not in cut for i, v in right.items())}
+
+
+def paired(exact: dict[str, bool], snapped: dict[str, bool]) -> dict:
     """Documents right only with snapped chunks, right only token-exact, and the exact sign test on those
-    (both folders read the same seed's documents); None unless both hold every one of `ids`."""
-    def right(folder):
-        samples = folder / "samples.jsonl"
-        recs = read_records(samples) if samples.is_file() else {}
-        got = {r["id"]: r.get("correct") == 1 for r in recs.values() if r["id"] in ids}
-        return got if len(got) == len(ids) else None
-
-    a, b = right(exact), right(snapped)
-    if a is None or b is None:
-        return None
-    only_snap = sum(b[i] and not a[i] for i in ids)
-    only_exact = sum(a[i] and not b[i] for i in ids)
-    return {"n": len(ids), "right_exact": sum(a.values()), "right_snapped": sum(b.values()),
+    (both folders read the same seed's documents)."""
+    only_snap = sum(snapped[i] and not exact[i] for i in exact)
+    only_exact = sum(exact[i] and not snapped[i] for i in exact)
+    return {"n": len(exact), "right_exact": sum(exact.values()), "right_snapped": sum(snapped.values()),
             "only_snapped": only_snap, "only_exact": only_exact, "p": round(sign_test(only_snap, only_snap + only_exact), 4)}
+
+
+def add(totals: dict, key: str, got: dict) -> None:
+    t = totals.setdefault(key, dict.fromkeys((k for k in got if k != "p"), 0))
+    for k in t:
+        t[k] += got[k]
 
 
 def main(argv=None) -> int:
@@ -98,56 +96,44 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-tokens", type=int, default=512)
     ap.add_argument("--model", default="qwen2.5-coder-0.5b", help="whose tokenizer cuts the chunks")
     ap.add_argument("--rows", default="qwen2.5-coder-0.5b+notes-qwen0.5b-dapo16+llama.cpp,qwen2.5-coder-0.5b+llama.cpp",
-                    help="bench_notes_model rows whose token-exact reads are split by cut / whole needle")
+                    help="bench_notes_model rows whose reads are split by cut / whole needle (with their +snapN rows)")
     args = ap.parse_args(argv)
     tok = load_tokenizer(str(models.tokenizer_path(args.model)))
-    lengths = [int(x[:-1]) * 1024 if x.lower().endswith("k") else int(x) for x in args.lengths.split(",")]
     snaps = [int(x) for x in args.snaps.split(",")]
-    cells, totals = [], {}
+    if 0 not in snaps:
+        ap.error("--snaps must include 0: the reads are split by what token-exact chunks cut")
+    cells, totals, pooled = [], {}, {}
     for task in NEEDLES:
-        for length in lengths:
-            cell = {"task": task, "length": length, "n": args.n, "snaps": {}}
+        for length in parse_lengths(args.lengths):
+            samples = list(iter_samples([task], [length], args.n, tok, 42))  # eval's seed: the grid's documents
+            ids = {s.id for s in samples}
+            cell = {"task": task, "length": length, "n": args.n, "snaps": {}, "reads": {}, "paired": {}}
+            cuts = {}
             for snap in snaps:
-                cut, ids, chunks = cut_ids(task, length, args.n, tok, args.chunk_tokens, snap)
-                cell["snaps"][str(snap)] = {"cut": len(cut), "chunks": chunks}
-                if snap == 0:
-                    cell["reads"] = {}
-                    # the same rows read with snapped chunks (bench_notes_model.py --chunk-snap N: ROW+snapN),
-                    # split by whether token-exact chunks cut their needle: were the cut ones answered now?
-                    suffixes = [""] + [f"+snap{x}" for x in snaps if x]
-                    rows = [r + suffix for r in args.rows.split(",") for suffix in suffixes]
-                    for row in rows:
-                        for gate in ("off", "lexical"):
-                            got = outcome_by_cut(RUNS / row / gate / f"{task}-{length // 1024}k", cut, ids)
-                            if got:
-                                cell["reads"][f"{row}/{gate}"] = got
-                                t = totals.setdefault(f"{row}/{gate}", {"cut": 0, "cut_right": 0, "whole": 0,
-                                                                        "whole_right": 0})
-                                for k in t:
-                                    t[k] += got[k]
-            print(f"{task}@{length // 1024}K: " + ", ".join(
+                cuts[snap], chunks = cut_ids(samples, tok, args.chunk_tokens, snap)
+                cell["snaps"][str(snap)] = {"cut": len(cuts[snap]), "chunks": chunks}
+            print(f"{task}@{format_length(length)}: " + ", ".join(
                 f"snap {s}: {v['cut']}/{args.n} cut, {v['chunks']} chunks" for s, v in cell["snaps"].items()))
-            cell["paired"] = {}
+            name = f"{task}-{format_length(length).lower()}"  # bench_notes_model.py's folder of the cell
             for row in args.rows.split(","):
                 for gate in ("off", "lexical"):
-                    for x in (x for x in snaps if x):
-                        name = f"{task}-{length // 1024}k"
-                        got = paired(RUNS / row / gate / name, RUNS / f"{row}+snap{x}" / gate / name, ids)
-                        if got:
-                            cell["paired"][f"{row}+snap{x}/{gate}"] = got
-                            print(f"  {row}+snap{x}/{gate}: {got}")
+                    exact = rights(RUNS / row / gate / name, ids)
+                    reads = {row: exact} | {f"{row}+snap{x}": rights(RUNS / f"{row}+snap{x}" / gate / name, ids)
+                                            for x in snaps if x}
+                    for key, right in reads.items():  # were the needles token-exact chunks cut answered?
+                        if right is not None:
+                            cell["reads"][f"{key}/{gate}"] = by_cut(right, cuts[0])
+                            add(totals, f"{key}/{gate}", cell["reads"][f"{key}/{gate}"])
+                        if key != row and right and exact and len(right) == len(exact) == len(ids):
+                            cell["paired"][f"{key}/{gate}"] = paired(exact, right)
+                            add(pooled, f"{key}/{gate}", cell["paired"][f"{key}/{gate}"])
+                            print(f"  {key}/{gate}: {cell['paired'][f'{key}/{gate}']}")
             cells.append(cell)
-    for row, t in totals.items():
-        print(f"{row}: cut needles {t['cut_right']}/{t['cut']} right, whole {t['whole_right']}/{t['whole']}")
-    pooled = {}  # every cell's paired documents together: is the snapped row better overall?
-    for cell in cells:
-        for row, got in cell["paired"].items():
-            t = pooled.setdefault(row, {"n": 0, "right_exact": 0, "right_snapped": 0, "only_snapped": 0, "only_exact": 0})
-            for k in t:
-                t[k] += got[k]
-    for row, t in pooled.items():
+    for key, t in totals.items():
+        print(f"{key}: cut needles {t['cut_right']}/{t['cut']} right, whole {t['whole_right']}/{t['whole']}")
+    for key, t in pooled.items():  # every cell's paired documents together: is the snapped row better overall?
         t["p"] = round(sign_test(t["only_snapped"], t["only_snapped"] + t["only_exact"]), 4)
-        print(f"{row} against token-exact, all cells: {t}")
+        print(f"{key} against token-exact, all cells: {t}")
     print(write_result("chunk_snap", {"what": "needle sentences no single chunk holds whole (cut), per snap "
                                               "window; and right reads of committed eval folders (token-exact, "
                                               "and ROW+snapN) split by whether token-exact chunks cut the needle",

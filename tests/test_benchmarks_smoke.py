@@ -364,11 +364,18 @@ def test_chunk_snap_cuts_counts_a_cut_needle(smol_tokenizer, monkeypatch):
     """benchmarks/chunk_snap_cuts.py: a needle sentence a token-exact boundary cuts (single_1 document 11
     at 4K with SmolLM2's tokenizer) is counted, and a 64-token snap window leaves it whole."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    from chunk_snap_cuts import cut_ids, needle_sentence
+    from chunk_snap_cuts import by_cut, cut_ids, needle_sentence, paired
+
+    from memagent.tasks import iter_samples
 
     doc = "One of the special magic numbers for a-b is: 1. Filler. One of the special magic numbers for c-d is: 22."
     assert needle_sentence(doc, "22") == "One of the special magic numbers for c-d is: 22"
-    exact, ids, n_exact = cut_ids("niah_single_1", 4096, 16, smol_tokenizer, 512, 0)
-    snapped, _, n_snapped = cut_ids("niah_single_1", 4096, 16, smol_tokenizer, 512, 64)
-    assert exact == {"niah_single_1/4096/11"} and snapped == set() and len(ids) == 16
+    samples = list(iter_samples(["niah_single_1"], [4096], 16, smol_tokenizer, 42))
+    exact, n_exact = cut_ids(samples, smol_tokenizer, 512, 0)
+    snapped, n_snapped = cut_ids(samples, smol_tokenizer, 512, 64)
+    assert exact == {"niah_single_1/4096/11"} and snapped == set() and len(samples) == 16
     assert n_snapped >= n_exact == 16 * 8
+    right = {"a": True, "b": False, "c": True}
+    assert by_cut(right, {"b", "c"}) == {"n": 3, "cut": 2, "cut_right": 1, "whole": 1, "whole_right": 1}
+    got = paired(right, {"a": False, "b": True, "c": True})
+    assert (got["only_snapped"], got["only_exact"], got["p"]) == (1, 1, 1.0)
