@@ -248,6 +248,11 @@ def test_config_file_and_overrides(tmp_path):
         load_config(None, {"loss_type": "ppo"})
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(None, {"max_steps": "ten"})
+    assert load_config(None, {"task": "hotpotqa", "chunk_tokens": "512", "chunk_snap": "64"}).chunk_snap == 64
+    with pytest.raises(ConfigError, match="chunk_snap must be from 0"):
+        load_config(None, {"task": "hotpotqa", "chunk_tokens": "64", "chunk_snap": "64"})
+    with pytest.raises(ConfigError, match="chunk_snap is for task hotpotqa"):
+        load_config(None, {"task": "notes", "chunk_snap": "16"})
 
 
 def test_shipped_configs_load():
@@ -344,6 +349,23 @@ def test_hotpotqa_task_keeps_gold_paragraphs_and_holds_out_questions(smol_tokeni
     held = task.held_out()
     assert not train_q & {r["question"] for r in held.rows}
     assert held.sample(3).question not in train_q
+
+
+def test_hotpotqa_task_with_chunk_snap_cuts_only_at_line_or_sentence_ends(smol_tokenizer):
+    pytest.importorskip("long_context_eval")
+    from memagent.rl.data import HotpotQATask
+
+    exact, snapped = (HotpotQATask(smol_tokenizer, num_chunks=3, chunk_tokens=200, chunk_snap=n) for n in (0, 60))
+    cut_mid = 0
+    for i in range(6):
+        a, b = exact.sample(i), snapped.sample(i)
+        assert a.question == b.question and len(b.chunks) <= 3
+        assert all(140 <= len(smol_tokenizer.encode(c)) <= 200 for c in b.chunks[:-1])
+        assert all(c.rstrip(" ")[-1] in "\n.!?\"')" for c in b.chunks[:-1]), b.chunks
+        cut_mid += sum(c.rstrip(" ")[-1] not in "\n.!?\"')" for c in a.chunks[:-1])
+    assert cut_mid >= 3  # the token-exact cuts do fall mid-sentence on these documents
+    with pytest.raises(ValueError, match="chunk_snap"):
+        HotpotQATask(smol_tokenizer, chunk_tokens=64, chunk_snap=64)
 
 
 def test_holds_answers_reads_the_whole_text_where_score_reads_the_extracted_answer():

@@ -53,10 +53,10 @@ def events(server, job_id: str, key=KEY) -> list[tuple[str, dict]]:
     return out
 
 
-def direct_read(questions, chunk_tokens):
+def direct_read(questions, chunk_tokens, chunk_snap=0):
     """The same read through the library, for the answers an uninterrupted read gives."""
     agent = MemoryAgent(InstantBackend(), resolve_tokenizer("instant", None, None), template="memagent",
-                        chunk_tokens=chunk_tokens, memory_tokens=1024)
+                        chunk_tokens=chunk_tokens, memory_tokens=1024, chunk_snap=chunk_snap)
     return agent.ask_questions(DOC, questions)
 
 
@@ -96,6 +96,46 @@ def test_job_streams_chunks_memories_and_the_answers_of_a_direct_read(server):
     assert text["text"] == DOC[start:end]
     status, trace = call(server, "GET", f"/api/jobs/{job['id']}/trace")
     assert status == 200 and sum(1 for line in trace.splitlines() if b'"final"' in line) == 2
+
+
+def test_a_job_with_chunk_snap_ends_its_chunks_at_line_ends_as_the_library_does(server):
+    doc_id = upload(server, DOC)
+    status, job = call(server, "POST", "/api/jobs", {"document": doc_id, "questions": ["Which lamp?"],
+                                                     "chunk_tokens": 100, "chunk_snap": 40})
+    assert status == 201 and job["settings"]["chunk_snap"] == 40
+    stream = events(server, job["id"])
+    chunks = [e for k, e in stream if k == "chunk"]
+    ends = [c["end_char"] for c in chunks]
+    assert ends[-1] == len(DOC) and all(DOC[e - 1] == "\n" for e in ends[:-1])  # every cut after a whole line
+    exact = [e for k, e in events(server, call(server, "POST", "/api/jobs", {
+        "document": doc_id, "questions": ["Which lamp?"], "chunk_tokens": 100})[1]["id"]) if k == "chunk"]
+    assert any(DOC[c["end_char"] - 1] != "\n" for c in exact[:-1])  # token-exact cuts do fall mid-line here
+    expected = direct_read(["Which lamp?"], 100, chunk_snap=40)[0]
+    assert len(chunks) == expected.chunks and stream[-2][1]["answers"][0]["answer"] == expected.answer
+    for bad in (100, -1, "40", True):
+        status, reply = call(server, "POST", "/api/jobs", {"document": doc_id, "questions": ["q"],
+                                                           "chunk_tokens": 100, "chunk_snap": bad})
+        assert status == 400 and reply["error"]["param"] == "chunk_snap", (bad, reply)
+    status, reply = call(server, "POST", "/v1/chat/completions", {
+        "model": "memagent", "messages": [{"role": "user", "content": "Which lamp?"}],
+        "memagent": {"document": doc_id, "chunk_tokens": 100, "chunk_snap": 40}})
+    assert status == 200 and reply["memagent"]["chunks"] == expected.chunks
+
+
+def test_serve_chunk_snap_is_the_default_of_requests_that_do_not_set_it(tmp_path):
+    from memagent.server.jobs import ReadSettings
+    from memagent.server.router import _reading_options, add_arguments
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    defaults = _reading_options(p.parse_args(["--backend", "instant", "--chunk-snap", "30"]))["defaults"]
+    assert defaults.chunk_snap == 30
+    assert ReadSettings.parse({}, defaults).chunk_snap == 30
+    assert ReadSettings.parse({"chunk_tokens": 20}, defaults).chunk_snap == 19  # shrunk to fit smaller chunks
+    assert ReadSettings.parse({"chunk_snap": 0}, defaults).chunk_snap == 0
+    with pytest.raises(ValueError, match="--chunk-snap"):
+        _reading_options(p.parse_args(["--backend", "instant", "--chunk-tokens", "64", "--chunk-snap", "64"]))
 
 
 def test_upload_limit_is_a_413_and_bad_requests_are_json_4xx(server):

@@ -139,6 +139,29 @@ def test_page_with_api_key(browser):
         context.close()
 
 
+def test_page_sends_chunk_snap_and_shows_the_servers_default(page, server):
+    page.goto(server.root_url + "/")
+    expect(page.locator("#template option").first).to_be_attached()
+    assert page.locator("#chunk-snap").input_value() == "0"  # the server's default: token-exact
+    page.fill("#doc", DOC)
+    page.fill("#questions", "Which lamp was checked last?")
+    page.locator("details").first.click()  # the settings
+    page.fill("#chunk-snap", "30")
+    page.click("#start")
+    page.wait_for_selector("#answers .answer-item", timeout=60_000)
+    job = page.evaluate("fetch('/api/jobs').then((r) => r.json())")["jobs"]
+    job = max(job, key=lambda j: j["created"])
+    assert job["settings"]["chunk_snap"] == 30
+    ends = [e["end_char"] for e in _chunk_events(page, job["id"])]
+    assert ends[-1] == len(DOC) and all(DOC[e - 1] == "\n" for e in ends[:-1])
+
+
+def _chunk_events(page, job_id: str) -> list[dict]:
+    raw = page.evaluate(f"fetch('/api/jobs/{job_id}/events').then((r) => r.text())")
+    return [json.loads(line[6:]) for line in raw.splitlines()
+            if line.startswith("data: ") and '"chunk"' in line and '"end_char"' in line]
+
+
 def test_page_lists_the_chunks_the_skip_gate_passed(page, server):
     doc = DOC + "\nZebediah Crane rowed out with the mail on the last day.\n" + DOC
     page.goto(server.root_url + "/")

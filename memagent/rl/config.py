@@ -64,6 +64,8 @@ class TrainConfig:
     template: str = "notes"  # built-in prompt template name or a template file (memagent.prompts)
     num_chunks: int = 3  # chunks per training document (task notes: the most; each document draws 1..num_chunks)
     chunk_tokens: int = 128  # model tokens per chunk
+    chunk_snap: int = 0  # task hotpotqa: chunks end at a line/sentence end within their last N tokens (ask --chunk-snap)
+    #   (kv and notes documents are packed from whole facts and sentences already: no boundary cuts one)
     num_distractors: int = 2  # other key->value facts planted in the document (kv task)
     notes_qa_share: float = 0.25  # task notes: share of document-QA samples (SQuAD/HotpotQA train halves)
     notes_qa_context_share: float = 0.0  # task notes: share of those asked over whole paragraphs (SQuAD train half)
@@ -169,6 +171,11 @@ class TrainConfig:
                      "max_tokens_per_microbatch"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.chunk_snap < self.chunk_tokens:
+            raise ConfigError(f"chunk_snap must be from 0 to chunk_tokens - 1, got {self.chunk_snap}")
+        if self.chunk_snap and self.task != "hotpotqa":
+            raise ConfigError("chunk_snap is for task hotpotqa: kv and notes documents are already packed from whole "
+                              "sentences and facts")
         if self.max_steps < 0:
             raise ConfigError(f"max_steps must be >= 0 (0: memagent rft only collects), got {self.max_steps}")
         if not 0 <= self.epsilon < 1 or (self.epsilon_high is not None and self.epsilon_high < 0):

@@ -162,8 +162,13 @@ class HotpotQATask:
     name = "hotpotqa"
 
     def __init__(self, tokenizer: Tokenizer, num_chunks: int = 3, chunk_tokens: int = 512, seed: int = 0,
-                 split: str = "train"):
+                 split: str = "train", chunk_snap: int = 0):
         self.tokenizer, self.num_chunks, self.chunk_tokens, self.seed = tokenizer, num_chunks, chunk_tokens, seed
+        # chunk_snap > 0: chunks end at a line or sentence end within their last chunk_snap tokens, as
+        # `ask --chunk-snap` reads (chunking.iter_chunks); train with the boundaries the model will read with
+        if not 0 <= chunk_snap < chunk_tokens:
+            raise ValueError(f"chunk_snap must be from 0 to chunk_tokens - 1 ({chunk_tokens - 1}), got {chunk_snap}")
+        self.chunk_snap = chunk_snap
         rows = json.loads(_hotpotqa_path().read_text())
         # a fixed split of the dev set: the first 80% trains, the rest evaluates (no question overlap)
         cut = int(len(rows) * 0.8)
@@ -194,7 +199,8 @@ class HotpotQATask:
         row = self.rows[rng.randrange(len(self.rows))]
         gold_titles = {t for t, _ in row["supporting_facts"]}
         docs = [(t, "".join(s)) for t, s in row["context"] if t in gold_titles]
-        budget = self.num_chunks * self.chunk_tokens
+        # a snapped chunk holds at least chunk_tokens - chunk_snap tokens, so this budget still fits num_chunks
+        budget = self.num_chunks * (self.chunk_tokens - self.chunk_snap)
         used = sum(len(self.tokenizer.encode(t + "\n" + p)) + 6 for t, p in docs)
         while used < budget:
             t, p = rng.choice(self.paragraphs)
@@ -207,7 +213,13 @@ class HotpotQATask:
             used += n
         rng.shuffle(docs)
         text = "".join(f"Document {i + 1}:\n{t}\n{p}\n\n" for i, (t, p) in enumerate(docs))
-        chunks = split_by_tokens(text, self.tokenizer, self.chunk_tokens)[: self.num_chunks]
+        if self.chunk_snap:
+            from ..chunking import iter_chunks
+
+            chunks = [c.text for c in iter_chunks(text, self.tokenizer, self.chunk_tokens, self.chunk_snap)]
+        else:
+            chunks = split_by_tokens(text, self.tokenizer, self.chunk_tokens)
+        chunks = chunks[: self.num_chunks]
         return Sample(id=f"hqa-{row['_id']}-{index}", question=row["question"], answers=(row["answer"],),
                       chunks=tuple(chunks))
 
@@ -217,7 +229,8 @@ def make_task(config, tokenizer: Tokenizer):
         return KVTask(tokenizer, config.num_chunks, config.chunk_tokens, config.num_distractors, config.seed,
                       config.kv_values)
     if config.task == "hotpotqa":
-        return HotpotQATask(tokenizer, config.num_chunks, config.chunk_tokens, config.seed)
+        return HotpotQATask(tokenizer, config.num_chunks, config.chunk_tokens, config.seed,
+                            chunk_snap=config.chunk_snap)
     if config.task == "charkv":
         return CharKVTask(config.num_chunks, seed=config.seed)
     if config.task == "notes":

@@ -6,7 +6,8 @@
     GET  /api/documents/{id}        {id, bytes, chars}
     GET  /api/documents/{id}/text   ?start=&end= -> {"text": characters [start, end)}
     POST /api/jobs                  {document, questions, chunk_tokens?, memory_tokens?, answer_tokens?,
-                                     template?, skip_update?, early_exit?} -> 201 {job}; 429 when full
+                                     template?, skip_update?, early_exit?, chunk_snap?} -> 201 {job};
+                                    429 when full
     GET  /api/jobs                  every job's summary
     GET  /api/jobs/{id}             one job's summary (status, answers)
     GET  /api/jobs/{id}/events      server-sent events: every past event, then live ones until the end;

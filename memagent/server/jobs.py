@@ -54,6 +54,7 @@ class ReadSettings:
     template: str = "memagent"
     skip_update: str = "off"
     early_exit: str = "off"
+    chunk_snap: int = 0  # chunking.iter_chunks: end chunks at a sentence end within this many tokens; 0 = exact
 
     @classmethod
     def parse(cls, body: dict, defaults: "ReadSettings") -> "ReadSettings":
@@ -76,6 +77,13 @@ class ReadSettings:
             if v not in allowed:
                 raise RequestError(f"'{key}' must be one of {', '.join(allowed)}", param=key)
             out[key] = v
+        # the server's default snap (serve --chunk-snap) shrinks to fit a request's smaller chunks; a request's
+        # own value must fit as given
+        v = body.get("chunk_snap", min(defaults.chunk_snap, out["chunk_tokens"] - 1))
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < out["chunk_tokens"]:
+            raise RequestError(f"'chunk_snap' must be an integer in [0, chunk_tokens - 1 = {out['chunk_tokens'] - 1}]",
+                               param="chunk_snap")
+        out["chunk_snap"] = v
         return cls(**out)
 
 
@@ -328,7 +336,7 @@ class JobManager:
             tokenizer = await asyncio.to_thread(lambda: self.tokenizer)  # the first read loads it: not on the loop
             agent = MemoryAgent(self.backend, tokenizer, template=s.template, chunk_tokens=s.chunk_tokens,
                                 memory_tokens=s.memory_tokens, answer_tokens=s.answer_tokens,
-                                skip_update=s.skip_update, early_exit=s.early_exit)
+                                skip_update=s.skip_update, early_exit=s.early_exit, chunk_snap=s.chunk_snap)
             if not job.memory:
                 job.memory = [agent.template.empty_memory] * len(job.questions)
             job.t0 = time.perf_counter()

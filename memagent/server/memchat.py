@@ -9,7 +9,7 @@ Served as `memagent` (and `memagent/<served model>`, listed by /v1/models). How 
 - instead of (or before) those messages, `extra_body={"memagent": {"document": ID}}` reads a document
   uploaded to POST /api/documents (streamed to disk; the way to send a book without holding it in one
   request body). The same object may set `chunk_tokens`, `memory_tokens`, `template`, `skip_update`,
-  `early_exit` (validated as for a reading job; the server's defaults otherwise).
+  `early_exit`, `chunk_snap` (validated as for a reading job; the server's defaults otherwise).
 - `max_tokens` bounds the final answer; the reply's content is the extracted answer and the response has
   a `memagent` field with chunks, tokens read, calls, the final memory and the raw reply.
 - `stream=true` sends reading progress (one chunk per document chunk, empty delta, `memagent` field)
@@ -89,7 +89,7 @@ class MemoryChat:
             tokenizer = await asyncio.to_thread(lambda: self.jobs.tokenizer)  # loaded on first use, off the loop
             agent = MemoryAgent(self.jobs.backend, tokenizer, template=s.template, chunk_tokens=s.chunk_tokens,
                                 memory_tokens=s.memory_tokens, answer_tokens=max_tokens or s.answer_tokens,
-                                skip_update=s.skip_update, early_exit=s.early_exit)
+                                skip_update=s.skip_update, early_exit=s.early_exit, chunk_snap=s.chunk_snap)
             if on_chunk is None:
                 answer = (await agent.aread(document, [question], progress=progress))[0]
             else:

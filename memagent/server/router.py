@@ -232,6 +232,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="default chunk size of a read (default: the embedded model's own, else 5000)")
     g.add_argument("--memory-tokens", type=int, default=None,
                    help="default memory cap of a read (default: the embedded model's own, else 1024)")
+    g.add_argument("--chunk-snap", type=int, default=0, metavar="N",
+                   help="default for requests that do not set chunk_snap: end each chunk at the last line or "
+                        "sentence end within its final N tokens (0, the default: token-exact chunks)")
     h = p.add_argument_group("connection limits")
     h.add_argument("--max-connections", type=int, default=1024, help="open connections at most (default 1024)")
     h.add_argument("--header-timeout", type=float, default=10.0,
@@ -321,9 +324,12 @@ def _reading_options(args) -> dict:
         spec = models.MODELS.get(args.model or models.DEFAULT_MODEL)
     defaults = ReadSettings(chunk_tokens=args.chunk_tokens or (spec.chunk_tokens if spec else 5000),
                             memory_tokens=args.memory_tokens or (spec.memory_tokens if spec else 1024),
-                            template=spec.default_template if spec else "memagent")
+                            template=spec.default_template if spec else "memagent", chunk_snap=args.chunk_snap)
     if defaults.chunk_tokens < 16 or defaults.memory_tokens < 1:
         raise ValueError("--chunk-tokens must be at least 16 and --memory-tokens at least 1")
+    if not 0 <= defaults.chunk_snap < defaults.chunk_tokens:
+        raise ValueError(f"--chunk-snap must be from 0 to --chunk-tokens - 1 ({defaults.chunk_tokens - 1}), "
+                         f"got {defaults.chunk_snap}")
     if args.state:
         Path(args.state).mkdir(parents=True, exist_ok=True)
     if args.backend in ("embedded", "openai"):

@@ -42,6 +42,7 @@ async function loadConfig() {
     $("model").textContent = "model: " + (c.model || "?");
     $("chunk-tokens").value = c.defaults.chunk_tokens;
     $("memory-tokens").value = c.defaults.memory_tokens;
+    $("chunk-snap").value = c.defaults.chunk_snap;
     for (const [id, values, chosen] of [["template", c.templates, c.defaults.template],
                                          ["skip-update", c.skip_update, c.defaults.skip_update]]) {
       const sel = $(id);
@@ -72,7 +73,8 @@ async function start() {
     const body = { document: doc.id, questions,
                    chunk_tokens: parseInt($("chunk-tokens").value, 10) || undefined,
                    memory_tokens: parseInt($("memory-tokens").value, 10) || undefined,
-                   template: $("template").value || undefined, skip_update: $("skip-update").value || undefined };
+                   template: $("template").value || undefined, skip_update: $("skip-update").value || undefined,
+                   chunk_snap: $("chunk-snap").value === "" ? undefined : parseInt($("chunk-snap").value, 10) };
     const job = await call("POST", "/api/jobs", JSON.stringify(body), "application/json");
     history.replaceState(null, "", "#job=" + job.id);
     await follow(job);
