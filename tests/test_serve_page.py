@@ -139,16 +139,24 @@ def test_page_with_api_key(browser):
         context.close()
 
 
-def test_page_sends_chunk_snap_and_shows_the_servers_default(page, server):
+def read_with_settings(page, server, doc: str, question: str, settings) -> None:
+    """One question read from the page after `settings(page)` has changed its settings panel."""
     page.goto(server.root_url + "/")
     expect(page.locator("#template option").first).to_be_attached()
-    assert page.locator("#chunk-snap").input_value() == "0"  # the server's default: token-exact
-    page.fill("#doc", DOC)
-    page.fill("#questions", "Which lamp was checked last?")
+    page.fill("#doc", doc)
+    page.fill("#questions", question)
     page.locator("details").first.click()  # the settings
-    page.fill("#chunk-snap", "30")
+    settings(page)
     page.click("#start")
     page.wait_for_selector("#answers .answer-item", timeout=60_000)
+
+
+def test_page_sends_chunk_snap_and_shows_the_servers_default(page, server):
+    def settings(page):
+        assert page.locator("#chunk-snap").input_value() == "0"  # the server's default: token-exact
+        page.fill("#chunk-snap", "30")
+
+    read_with_settings(page, server, DOC, "Which lamp was checked last?", settings)
     job = page.evaluate("fetch('/api/jobs').then((r) => r.json())")["jobs"]
     job = max(job, key=lambda j: j["created"])
     assert job["settings"]["chunk_snap"] == 30
@@ -164,14 +172,8 @@ def _chunk_events(page, job_id: str) -> list[dict]:
 
 def test_page_lists_the_chunks_the_skip_gate_passed(page, server):
     doc = DOC + "\nZebediah Crane rowed out with the mail on the last day.\n" + DOC
-    page.goto(server.root_url + "/")
-    expect(page.locator("#template option").first).to_be_attached()
-    page.fill("#doc", doc)
-    page.fill("#questions", "Who is Zebediah Crane?")
-    page.locator("details").first.click()  # the settings
-    page.select_option("#skip-update", "lexical")
-    page.click("#start")
-    page.wait_for_selector("#answers .answer-item", timeout=60_000)
+    read_with_settings(page, server, doc, "Who is Zebediah Crane?",
+                       lambda page: page.select_option("#skip-update", "lexical"))
     skipped = page.locator("#chunk-log li.skip").count()
     assert skipped >= 20 and page.locator("#chunk-log li").count() > skipped  # most skipped, not all
     assert page.locator(".panel .skipped").text_content().startswith("Skipped chunks (no call): 1, 2, 3")
