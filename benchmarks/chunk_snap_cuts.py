@@ -9,6 +9,13 @@ token-exact chunks cut its needle sentence and when they did not: in the token-e
 same rows read with snapped chunks (ROW+snapN folders), where the cut documents are whole. Model-free:
 tokenizing only.
 
+Two more counts say what else moves with the boundaries. How many chunks end at a line or sentence
+end: every chunk of the training documents does (`--train-configs`: the notes task packs whole
+sentences and facts), token-exact reads of the grid's documents seldom do. And how many wrong reads end
+with notes that quote the opening words of one of the document's chunks: a chunk that starts at a
+sentence start looks like the start of a document, and this model's notes sometimes keep a document's
+first sentence instead of the fact (the README demo's title line).
+
     python benchmarks/chunk_snap_cuts.py                      # 5 needle tasks x 4K/16K/64K, n = 32
     python benchmarks/chunk_snap_cuts.py --lengths 4k --n 4   # a quick look
 
@@ -30,6 +37,8 @@ from notes_grid import sign_test  # noqa: E402
 from memagent import models  # noqa: E402
 from memagent.chunking import iter_chunks  # noqa: E402
 from memagent.eval import read_records  # noqa: E402
+from memagent.rl.config import load_config  # noqa: E402
+from memagent.rl.data import make_task  # noqa: E402
 from memagent.tasks import format_length, iter_samples, parse_lengths  # noqa: E402
 from memagent.tokenizer import load_tokenizer  # noqa: E402
 
@@ -46,16 +55,52 @@ def needle_sentence(document: str, gold: str) -> str:
     return document[(starts[-1] if starts else at):at + len(gold)]
 
 
-def cut_ids(samples: list, tok, chunk: int, snap: int) -> tuple[set[str], int]:
-    """(ids of the samples whose needle sentence no chunk holds whole, chunks over all samples)."""
+def cut_ids(samples: list, tok, chunk: int, snap: int, shape: dict | None = None) -> tuple[set[str], int]:
+    """(ids of the samples whose needle sentence no chunk holds whole, chunks over all samples). With
+    `shape`, also fills in each sample's chunk openings (opening_words) and how many chunks before the
+    last end at a line or sentence end."""
     cut, chunks = set(), 0
+    if shape is not None:
+        shape.update(openings={}, ends_at_sentence=0, inner_ends=0)
     for s in samples:
         sentence = needle_sentence(s.document, s.gold[0])
         texts = [c.text for c in iter_chunks(io.StringIO(s.document), tok, chunk, snap)]
         chunks += len(texts)
         if not any(sentence in t for t in texts):
             cut.add(s.id)
+        if shape is not None:
+            shape["openings"][s.id] = [w for w in map(opening_words, texts) if w]
+            shape["ends_at_sentence"] += sum(map(ends_at_sentence, texts[:-1]))
+            shape["inner_ends"] += len(texts) - 1
     return cut, chunks
+
+
+OPENING_CHARS = 40  # a chunk's first 40 characters: long enough that only a copy of them matches
+
+
+def opening_words(chunk: str) -> str | None:
+    """What notes that copied this chunk's first sentence contain ('' -> None for a chunk too short)."""
+    text = chunk.strip()
+    return text[:OPENING_CHARS] if len(text) > OPENING_CHARS else None
+
+
+def ends_at_sentence(chunk: str) -> bool:
+    """Whether a chunk ends at a line end or a sentence end, as every chunk of the training documents does
+    (rl/notes_data.py packs whole sentences and facts)."""
+    return chunk.rstrip(" ")[-1:] in ("\n", ".", "!", "?", '"', "'", ")")
+
+
+def wrong_quoting_opening(folder: Path, ids: set[str], openings: dict[str, list[str]]) -> dict | None:
+    """Wrong reads of a committed eval folder, and how many of them end with notes that quote the opening
+    words of one of the document's chunks: the notes kept a chunk's first sentence instead of the fact,
+    the failure of the README demo's title line."""
+    samples = folder / "samples.jsonl"
+    recs = read_records(samples) if samples.is_file() else {}
+    wrong = [r for r in recs.values() if r["id"] in ids and r.get("correct") == 0]
+    if not recs:
+        return None
+    return {"wrong": len(wrong),
+            "notes_quote_an_opening": sum(any(w in (r.get("memory") or "") for w in openings[r["id"]]) for r in wrong)}
 
 
 def rights(folder: Path, ids: set[str]) -> dict[str, bool] | None:
@@ -97,21 +142,27 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b", help="whose tokenizer cuts the chunks")
     ap.add_argument("--rows", default="qwen2.5-coder-0.5b+notes-qwen0.5b-dapo16+llama.cpp,qwen2.5-coder-0.5b+llama.cpp",
                     help="bench_notes_model rows whose reads are split by cut / whole needle (with their +snapN rows)")
+    ap.add_argument("--train-configs", default="configs/notes-qwen0.5b-dapo16-collect.toml,"
+                                                 "configs/notes-qwen0.5b-mix-gpu.toml",
+                    help="training configs whose documents' chunk ends are counted too ('' for none)")
+    ap.add_argument("--train-docs", type=int, default=60, help="documents drawn from each training config")
     args = ap.parse_args(argv)
     tok = load_tokenizer(str(models.tokenizer_path(args.model)))
     snaps = [int(x) for x in args.snaps.split(",")]
     if 0 not in snaps:
         ap.error("--snaps must include 0: the reads are split by what token-exact chunks cut")
-    cells, totals, pooled = [], {}, {}
+    cells, totals, pooled, openings_totals = [], {}, {}, {}
     for task in NEEDLES:
         for length in parse_lengths(args.lengths):
             samples = list(iter_samples([task], [length], args.n, tok, 42))  # eval's seed: the grid's documents
             ids = {s.id for s in samples}
             cell = {"task": task, "length": length, "n": args.n, "snaps": {}, "reads": {}, "paired": {}}
-            cuts = {}
+            cuts, openings = {}, {}
             for snap in snaps:
-                cuts[snap], chunks = cut_ids(samples, tok, args.chunk_tokens, snap)
-                cell["snaps"][str(snap)] = {"cut": len(cuts[snap]), "chunks": chunks}
+                shape = {}
+                cuts[snap], chunks = cut_ids(samples, tok, args.chunk_tokens, snap, shape)
+                openings[snap] = shape.pop("openings")
+                cell["snaps"][str(snap)] = {"cut": len(cuts[snap]), "chunks": chunks, **shape}
             print(f"{task}@{format_length(length)}: " + ", ".join(
                 f"snap {s}: {v['cut']}/{args.n} cut, {v['chunks']} chunks" for s, v in cell["snaps"].items()))
             name = f"{task}-{format_length(length).lower()}"  # bench_notes_model.py's folder of the cell
@@ -120,6 +171,12 @@ def main(argv=None) -> int:
                     exact = rights(RUNS / row / gate / name, ids)
                     reads = {row: exact} | {f"{row}+snap{x}": rights(RUNS / f"{row}+snap{x}" / gate / name, ids)
                                             for x in snaps if x}
+                    for x in [0] + [x for x in snaps if x]:  # wrong notes that kept a chunk's first sentence
+                        key = row if not x else f"{row}+snap{x}"
+                        got = wrong_quoting_opening(RUNS / key / gate / name, ids, openings[x])
+                        if got:
+                            add(openings_totals, f"{key}/{gate}", got)
+                            cell.setdefault("wrong_notes", {})[f"{key}/{gate}"] = got
                     for key, right in reads.items():  # were the needles token-exact chunks cut answered?
                         if right is not None:
                             cell["reads"][f"{key}/{gate}"] = by_cut(right, cuts[0])
@@ -129,8 +186,17 @@ def main(argv=None) -> int:
                             add(pooled, f"{key}/{gate}", cell["paired"][f"{key}/{gate}"])
                             print(f"  {key}/{gate}: {cell['paired'][f'{key}/{gate}']}")
             cells.append(cell)
+    training = {}
+    for cfg in filter(None, args.train_configs.split(",")):
+        task = make_task(load_config(ROOT / cfg), tok)
+        chunks = [c for i in range(args.train_docs) for c in task.sample(i).chunks]
+        training[cfg] = {"documents": args.train_docs, "chunks": len(chunks),
+                         "ends_at_sentence": sum(map(ends_at_sentence, chunks))}
+        print(f"{cfg}: {training[cfg]['ends_at_sentence']} of {len(chunks)} training chunks end at a line or sentence end")
     for key, t in totals.items():
         print(f"{key}: cut needles {t['cut_right']}/{t['cut']} right, whole {t['whole_right']}/{t['whole']}")
+    for key, t in openings_totals.items():
+        print(f"{key}: {t['notes_quote_an_opening']} of {t['wrong']} wrong reads end with notes that quote a chunk's opening")
     for key, t in pooled.items():  # every cell's paired documents together: is the snapped row better overall?
         t["p"] = round(sign_test(t["only_snapped"], t["only_snapped"] + t["only_exact"]), 4)
         print(f"{key} against token-exact, all cells: {t}")
@@ -138,7 +204,9 @@ def main(argv=None) -> int:
                                               "window; and right reads of committed eval folders (token-exact, "
                                               "and ROW+snapN) split by whether token-exact chunks cut the needle",
                                       "chunk_tokens": args.chunk_tokens, "tokenizer": args.model,
-                                      "cells": cells, "reads_by_cut": totals, "paired_all_cells": pooled}))
+                                      "cells": cells, "reads_by_cut": totals, "paired_all_cells": pooled,
+                                      "wrong_reads_quoting_a_chunk_opening": openings_totals,
+                                      "training_chunk_ends": training}))
     return 0
 
 

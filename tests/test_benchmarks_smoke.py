@@ -379,3 +379,25 @@ def test_chunk_snap_cuts_counts_a_cut_needle(smol_tokenizer, monkeypatch):
     assert by_cut(right, {"b", "c"}) == {"n": 3, "cut": 2, "cut_right": 1, "whole": 1, "whole_right": 1}
     got = paired(right, {"a": False, "b": True, "c": True})
     assert (got["only_snapped"], got["only_exact"], got["p"]) == (1, 1, 1.0)
+    shape = {}
+    cut_ids(samples[:2], smol_tokenizer, 512, 64, shape)
+    assert shape["inner_ends"] == sum(len(v) for v in shape["openings"].values()) - 2  # 2 documents' last chunks
+    assert shape["ends_at_sentence"] == shape["inner_ends"]  # a 64-token window finds a sentence end in noise
+
+
+def test_chunk_snap_cuts_finds_notes_that_kept_a_chunks_first_sentence(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from chunk_snap_cuts import ends_at_sentence, opening_words, wrong_quoting_opening
+
+    assert ends_at_sentence("He left.\n") and ends_at_sentence('She said "no." ') and not ends_at_sentence("the keeper's")
+    chunks = ["The view of it will be obstructed by the flawed one you write. More.", "short"]
+    openings = {"d1": [w for w in map(opening_words, chunks) if w], "d2": ["One of the special magic numbers for x-"]}
+    assert openings["d1"] == ["The view of it will be obstructed by the"]
+    rows = [{"id": "d1", "correct": 0, "memory": "The view of it will be obstructed by the flawed one."},
+            {"id": "d2", "correct": 0, "memory": "The special magic number for x-y is 5%."},
+            {"id": "d3", "correct": 1, "memory": "The view of it will be obstructed by the"}]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    openings["d3"] = openings["d1"]
+    assert wrong_quoting_opening(tmp_path, {"d1", "d2", "d3"}, openings) == {"wrong": 2, "notes_quote_an_opening": 1}
+    assert wrong_quoting_opening(tmp_path, {"d1"}, openings) == {"wrong": 1, "notes_quote_an_opening": 1}
+    assert wrong_quoting_opening(tmp_path / "none", {"d1"}, openings) is None
