@@ -90,26 +90,28 @@ def ends_at_sentence(chunk: str) -> bool:
     return chunk.rstrip(" ")[-1:] in ("\n", ".", "!", "?", '"', "'", ")")
 
 
-def wrong_quoting_opening(folder: Path, ids: set[str], openings: dict[str, list[str]]) -> dict | None:
-    """Wrong reads of a committed eval folder, and how many of them end with notes that quote the opening
-    words of one of the document's chunks: the notes kept a chunk's first sentence instead of the fact,
-    the failure of the README demo's title line."""
+def read_folder(folder: Path, ids: set[str]) -> dict[str, dict]:
+    """The records of `ids` a committed eval folder holds (a cell left at n = 8 holds the first 8), read
+    once for every count below; {} when it has none."""
     samples = folder / "samples.jsonl"
     recs = read_records(samples) if samples.is_file() else {}
-    wrong = [r for r in recs.values() if r["id"] in ids and r.get("correct") == 0]
+    return {r["id"]: r for r in recs.values() if r["id"] in ids and r.get("correct") is not None}
+
+
+def rights(recs: dict[str, dict]) -> dict[str, bool] | None:
+    """Whether each read document was answered right; None when the folder read none of them."""
+    return {i: r["correct"] == 1 for i, r in recs.items()} or None
+
+
+def wrong_quoting_opening(recs: dict[str, dict], openings: dict[str, list[str]]) -> dict | None:
+    """Wrong reads, and how many of them end with notes that quote the opening words of one of the
+    document's chunks: the notes kept a chunk's first sentence instead of the fact, the failure of the
+    README demo's title line. None when the folder read none of the documents."""
     if not recs:
         return None
+    wrong = [r for r in recs.values() if r["correct"] == 0]
     return {"wrong": len(wrong),
             "notes_quote_an_opening": sum(any(w in (r.get("memory") or "") for w in openings[r["id"]]) for r in wrong)}
-
-
-def rights(folder: Path, ids: set[str]) -> dict[str, bool] | None:
-    """Whether each of `ids` a committed eval folder read was answered right (a cell left at n = 8 holds the
-    first 8); None when it read none of them."""
-    samples = folder / "samples.jsonl"
-    recs = read_records(samples) if samples.is_file() else {}
-    got = {r["id"]: r.get("correct") == 1 for r in recs.values() if r["id"] in ids and r.get("correct") is not None}
-    return got or None
 
 
 def by_cut(right: dict[str, bool], cut: set[str]) -> dict:
@@ -119,11 +121,13 @@ def by_cut(right: dict[str, bool], cut: set[str]) -> dict:
 
 
 def paired(exact: dict[str, bool], snapped: dict[str, bool]) -> dict:
-    """Documents right only with snapped chunks, right only token-exact, and the exact sign test on those
-    (both folders read the same seed's documents)."""
-    only_snap = sum(snapped[i] and not exact[i] for i in exact)
-    only_exact = sum(exact[i] and not snapped[i] for i in exact)
-    return {"n": len(exact), "right_exact": sum(exact.values()), "right_snapped": sum(snapped.values()),
+    """Documents right only with snapped chunks, right only token-exact, and the exact sign test on those,
+    over the documents both folders read (the same seed's; a cell grown for one row is paired on the first
+    min(n), as notes_grid.py pairs rows)."""
+    both = exact.keys() & snapped.keys()
+    only_snap = sum(snapped[i] and not exact[i] for i in both)
+    only_exact = sum(exact[i] and not snapped[i] for i in both)
+    return {"n": len(both), "right_exact": sum(exact[i] for i in both), "right_snapped": sum(snapped[i] for i in both),
             "only_snapped": only_snap, "only_exact": only_exact, "p": round(sign_test(only_snap, only_snap + only_exact), 4)}
 
 
@@ -151,7 +155,7 @@ def main(argv=None) -> int:
     snaps = [int(x) for x in args.snaps.split(",")]
     if 0 not in snaps:
         ap.error("--snaps must include 0: the reads are split by what token-exact chunks cut")
-    cells, totals, pooled, openings_totals = [], {}, {}, {}
+    cells, totals, pooled, by_length, openings_totals = [], {}, {}, {}, {}
     for task in NEEDLES:
         for length in parse_lengths(args.lengths):
             samples = list(iter_samples([task], [length], args.n, tok, 42))  # eval's seed: the grid's documents
@@ -168,23 +172,23 @@ def main(argv=None) -> int:
             name = f"{task}-{format_length(length).lower()}"  # bench_notes_model.py's folder of the cell
             for row in args.rows.split(","):
                 for gate in ("off", "lexical"):
-                    exact = rights(RUNS / row / gate / name, ids)
-                    reads = {row: exact} | {f"{row}+snap{x}": rights(RUNS / f"{row}+snap{x}" / gate / name, ids)
-                                            for x in snaps if x}
-                    for x in [0] + [x for x in snaps if x]:  # wrong notes that kept a chunk's first sentence
-                        key = row if not x else f"{row}+snap{x}"
-                        got = wrong_quoting_opening(RUNS / key / gate / name, ids, openings[x])
+                    folders = {row: 0} | {f"{row}+snap{x}": x for x in snaps if x}
+                    recs = {key: read_folder(RUNS / key / gate / name, ids) for key in folders}
+                    exact = rights(recs[row])
+                    for key, x in folders.items():
+                        got = wrong_quoting_opening(recs[key], openings[x])  # notes that kept a chunk's first sentence
                         if got:
                             add(openings_totals, f"{key}/{gate}", got)
                             cell.setdefault("wrong_notes", {})[f"{key}/{gate}"] = got
-                    for key, right in reads.items():  # were the needles token-exact chunks cut answered?
-                        if right is not None:
+                        right = rights(recs[key])
+                        if right is not None:  # were the needles token-exact chunks cut answered?
                             cell["reads"][f"{key}/{gate}"] = by_cut(right, cuts[0])
                             add(totals, f"{key}/{gate}", cell["reads"][f"{key}/{gate}"])
-                        if key != row and right and exact and len(right) == len(exact) == len(ids):
-                            cell["paired"][f"{key}/{gate}"] = paired(exact, right)
-                            add(pooled, f"{key}/{gate}", cell["paired"][f"{key}/{gate}"])
-                            print(f"  {key}/{gate}: {cell['paired'][f'{key}/{gate}']}")
+                        if key != row and right and exact:
+                            cell["paired"][f"{key}/{gate}"] = got = paired(exact, right)
+                            add(pooled, f"{key}/{gate}", got)
+                            add(by_length, f"{key}/{gate}@{format_length(length)}", got)
+                            print(f"  {key}/{gate}: {got}")
             cells.append(cell)
     training = {}
     for cfg in filter(None, args.train_configs.split(",")):
@@ -197,14 +201,16 @@ def main(argv=None) -> int:
         print(f"{key}: cut needles {t['cut_right']}/{t['cut']} right, whole {t['whole_right']}/{t['whole']}")
     for key, t in openings_totals.items():
         print(f"{key}: {t['notes_quote_an_opening']} of {t['wrong']} wrong reads end with notes that quote a chunk's opening")
-    for key, t in pooled.items():  # every cell's paired documents together: is the snapped row better overall?
-        t["p"] = round(sign_test(t["only_snapped"], t["only_snapped"] + t["only_exact"]), 4)
-        print(f"{key} against token-exact, all cells: {t}")
+    for label, pool in (("all cells", pooled), ("one length's cells", by_length)):
+        for key, t in pool.items():  # the paired documents together: is the snapped row better overall?
+            t["p"] = round(sign_test(t["only_snapped"], t["only_snapped"] + t["only_exact"]), 4)
+            print(f"{key} against token-exact, {label}: {t}")
     print(write_result("chunk_snap", {"what": "needle sentences no single chunk holds whole (cut), per snap "
                                               "window; and right reads of committed eval folders (token-exact, "
                                               "and ROW+snapN) split by whether token-exact chunks cut the needle",
                                       "chunk_tokens": args.chunk_tokens, "tokenizer": args.model,
                                       "cells": cells, "reads_by_cut": totals, "paired_all_cells": pooled,
+                                      "paired_by_length": by_length,
                                       "wrong_reads_quoting_a_chunk_opening": openings_totals,
                                       "training_chunk_ends": training}))
     return 0

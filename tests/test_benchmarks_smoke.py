@@ -379,6 +379,8 @@ def test_chunk_snap_cuts_counts_a_cut_needle(smol_tokenizer, monkeypatch):
     assert by_cut(right, {"b", "c"}) == {"n": 3, "cut": 2, "cut_right": 1, "whole": 1, "whole_right": 1}
     got = paired(right, {"a": False, "b": True, "c": True})
     assert (got["only_snapped"], got["only_exact"], got["p"]) == (1, 1, 1.0)
+    grown = paired(right, {"a": False, "b": True})  # a snapped row read only the first two documents
+    assert (grown["n"], grown["right_exact"], grown["only_snapped"], grown["only_exact"]) == (2, 1, 1, 1)
     shape = {}
     cut_ids(samples[:2], smol_tokenizer, 512, 64, shape)
     assert shape["inner_ends"] == sum(len(v) for v in shape["openings"].values()) - 2  # 2 documents' last chunks
@@ -387,7 +389,7 @@ def test_chunk_snap_cuts_counts_a_cut_needle(smol_tokenizer, monkeypatch):
 
 def test_chunk_snap_cuts_finds_notes_that_kept_a_chunks_first_sentence(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    from chunk_snap_cuts import ends_at_sentence, opening_words, wrong_quoting_opening
+    from chunk_snap_cuts import ends_at_sentence, opening_words, read_folder, rights, wrong_quoting_opening
 
     assert ends_at_sentence("He left.\n") and ends_at_sentence('She said "no." ') and not ends_at_sentence("the keeper's")
     chunks = ["The view of it will be obstructed by the flawed one you write. More.", "short"]
@@ -398,6 +400,9 @@ def test_chunk_snap_cuts_finds_notes_that_kept_a_chunks_first_sentence(tmp_path,
             {"id": "d3", "correct": 1, "memory": "The view of it will be obstructed by the"}]
     (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     openings["d3"] = openings["d1"]
-    assert wrong_quoting_opening(tmp_path, {"d1", "d2", "d3"}, openings) == {"wrong": 2, "notes_quote_an_opening": 1}
-    assert wrong_quoting_opening(tmp_path, {"d1"}, openings) == {"wrong": 1, "notes_quote_an_opening": 1}
-    assert wrong_quoting_opening(tmp_path / "none", {"d1"}, openings) is None
+    recs = read_folder(tmp_path, {"d1", "d2", "d3"})
+    assert wrong_quoting_opening(recs, openings) == {"wrong": 2, "notes_quote_an_opening": 1}
+    assert rights(recs) == {"d1": False, "d2": False, "d3": True}
+    assert wrong_quoting_opening(read_folder(tmp_path, {"d1"}), openings) == {"wrong": 1, "notes_quote_an_opening": 1}
+    assert wrong_quoting_opening(read_folder(tmp_path / "none", {"d1"}), openings) is None
+    assert rights(read_folder(tmp_path / "none", {"d1"})) is None
