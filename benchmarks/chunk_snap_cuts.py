@@ -12,9 +12,11 @@ tokenizing only.
 Two more counts say what else moves with the boundaries. How many chunks end at a line or sentence
 end: every chunk of the training documents does (`--train-configs`: the notes task packs whole
 sentences and facts), token-exact reads of the grid's documents seldom do. And how many wrong reads end
-with notes that quote the opening words of one of the document's chunks: a chunk that starts at a
-sentence start looks like the start of a document, and this model's notes sometimes keep a document's
-first sentence instead of the fact (the README demo's title line).
+with notes that quote the opening words of one of the document's chunks, and which openings those
+are: the notes of this model open with "The" ("The special magic number for ... is ..."), and the
+openings they copy are the ones that begin "The " too (the README demo's title line, "The Keeper's Log
+of ..."), far more often than such openings occur; snapped chunks, which start at sentence starts,
+begin so more often than token-exact ones. Training chunks are counted the same way.
 
     python benchmarks/chunk_snap_cuts.py                      # 5 needle tasks x 4K/16K/64K, n = 32
     python benchmarks/chunk_snap_cuts.py --lengths 4k --n 4   # a quick look
@@ -61,7 +63,7 @@ def cut_ids(samples: list, tok, chunk: int, snap: int, shape: dict | None = None
     last end at a line or sentence end."""
     cut, chunks = set(), 0
     if shape is not None:
-        shape.update(openings={}, ends_at_sentence=0, inner_ends=0)
+        shape.update(openings={}, ends_at_sentence=0, inner_ends=0, openings_begin_with_the=0, openings_counted=0)
     for s in samples:
         sentence = needle_sentence(s.document, s.gold[0])
         texts = [c.text for c in iter_chunks(io.StringIO(s.document), tok, chunk, snap)]
@@ -70,12 +72,15 @@ def cut_ids(samples: list, tok, chunk: int, snap: int, shape: dict | None = None
             cut.add(s.id)
         if shape is not None:
             shape["openings"][s.id] = [w for w in map(opening_words, texts) if w]
+            shape["openings_counted"] += len(shape["openings"][s.id])
+            shape["openings_begin_with_the"] += sum(w.startswith(THE) for w in shape["openings"][s.id])
             shape["ends_at_sentence"] += sum(map(ends_at_sentence, texts[:-1]))
             shape["inner_ends"] += len(texts) - 1
     return cut, chunks
 
 
 OPENING_CHARS = 40  # a chunk's first 40 characters: long enough that only a copy of them matches
+THE = "The "  # the word this model's notes open with ("The special magic number for ... is ...")
 
 
 def opening_words(chunk: str) -> str | None:
@@ -110,8 +115,13 @@ def wrong_quoting_opening(recs: dict[str, dict], openings: dict[str, list[str]])
     if not recs:
         return None
     wrong = [r for r in recs.values() if r["correct"] == 0]
-    return {"wrong": len(wrong),
-            "notes_quote_an_opening": sum(any(w in (r.get("memory") or "") for w in openings[r["id"]]) for r in wrong)}
+    quoted = [(r.get("memory") or "", [w for w in openings[r["id"]] if w in (r.get("memory") or "")]) for r in wrong]
+    quoted = [(notes, ws) for notes, ws in quoted if ws]
+    # Which openings get copied: if it were any first sentence, those that begin "The " would be about as
+    # common among the quoted as among all openings (openings_begin_with_the / openings_counted).
+    return {"wrong": len(wrong), "notes_quote_an_opening": len(quoted),
+            "quoted_opening_begins_with_the": sum(any(w.startswith(THE) for w in ws) for _, ws in quoted),
+            "notes_begin_with_the_quote": sum(any(notes.lstrip().startswith(w) for w in ws) for notes, ws in quoted)}
 
 
 def by_cut(right: dict[str, bool], cut: set[str]) -> dict:
@@ -147,7 +157,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default="qwen2.5-coder-0.5b+notes-qwen0.5b-dapo16+llama.cpp,qwen2.5-coder-0.5b+llama.cpp",
                     help="bench_notes_model rows whose reads are split by cut / whole needle (with their +snapN rows)")
     ap.add_argument("--train-configs", default="configs/notes-qwen0.5b-dapo16-collect.toml,"
-                                                 "configs/notes-qwen0.5b-mix-gpu.toml",
+                                                 "configs/notes-qwen0.5b-mix-gpu.toml,"
+                                                 "configs/notes-qwen0.5b-dapo28-collect.toml",
                     help="training configs whose documents' chunk ends are counted too ('' for none)")
     ap.add_argument("--train-docs", type=int, default=60, help="documents drawn from each training config")
     args = ap.parse_args(argv)
@@ -155,7 +166,7 @@ def main(argv=None) -> int:
     snaps = [int(x) for x in args.snaps.split(",")]
     if 0 not in snaps:
         ap.error("--snaps must include 0: the reads are split by what token-exact chunks cut")
-    cells, totals, pooled, by_length, openings_totals = [], {}, {}, {}, {}
+    cells, totals, pooled, by_length, openings_totals, opening_words_by_snap = [], {}, {}, {}, {}, {}
     for task in NEEDLES:
         for length in parse_lengths(args.lengths):
             samples = list(iter_samples([task], [length], args.n, tok, 42))  # eval's seed: the grid's documents
@@ -167,6 +178,7 @@ def main(argv=None) -> int:
                 cuts[snap], chunks = cut_ids(samples, tok, args.chunk_tokens, snap, shape)
                 openings[snap] = shape.pop("openings")
                 cell["snaps"][str(snap)] = {"cut": len(cuts[snap]), "chunks": chunks, **shape}
+                add(opening_words_by_snap, str(snap), {k: shape[k] for k in ("openings_counted", "openings_begin_with_the")})
             print(f"{task}@{format_length(length)}: " + ", ".join(
                 f"snap {s}: {v['cut']}/{args.n} cut, {v['chunks']} chunks" for s, v in cell["snaps"].items()))
             name = f"{task}-{format_length(length).lower()}"  # bench_notes_model.py's folder of the cell
@@ -194,13 +206,18 @@ def main(argv=None) -> int:
     for cfg in filter(None, args.train_configs.split(",")):
         task = make_task(load_config(ROOT / cfg), tok)
         chunks = [c for i in range(args.train_docs) for c in task.sample(i).chunks]
+        inner = [c for i in range(args.train_docs) for c in task.sample(i).chunks[1:]]
         training[cfg] = {"documents": args.train_docs, "chunks": len(chunks),
-                         "ends_at_sentence": sum(map(ends_at_sentence, chunks))}
+                         "ends_at_sentence": sum(map(ends_at_sentence, chunks)), "inner_chunks": len(inner),
+                         "inner_chunks_open_with_the": sum(c.startswith(THE) for c in inner)}
         print(f"{cfg}: {training[cfg]['ends_at_sentence']} of {len(chunks)} training chunks end at a line or sentence end")
     for key, t in totals.items():
         print(f"{key}: cut needles {t['cut_right']}/{t['cut']} right, whole {t['whole_right']}/{t['whole']}")
     for key, t in openings_totals.items():
-        print(f"{key}: {t['notes_quote_an_opening']} of {t['wrong']} wrong reads end with notes that quote a chunk's opening")
+        print(f"{key}: {t['notes_quote_an_opening']} of {t['wrong']} wrong reads end with notes that quote a chunk's opening, "
+              f"{t['quoted_opening_begins_with_the']} of them one that begins {THE!r}")
+    for snap, t in opening_words_by_snap.items():
+        print(f"snap {snap}: {t['openings_begin_with_the']} of {t['openings_counted']} chunk openings begin with {THE!r}")
     for label, pool in (("all cells", pooled), ("one length's cells", by_length)):
         for key, t in pool.items():  # the paired documents together: is the snapped row better overall?
             t["p"] = round(sign_test(t["only_snapped"], t["only_snapped"] + t["only_exact"]), 4)
@@ -212,6 +229,7 @@ def main(argv=None) -> int:
                                       "cells": cells, "reads_by_cut": totals, "paired_all_cells": pooled,
                                       "paired_by_length": by_length,
                                       "wrong_reads_quoting_a_chunk_opening": openings_totals,
+                                      "chunk_openings_by_snap": opening_words_by_snap,
                                       "training_chunk_ends": training}))
     return 0
 

@@ -401,8 +401,50 @@ def test_chunk_snap_cuts_finds_notes_that_kept_a_chunks_first_sentence(tmp_path,
     (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     openings["d3"] = openings["d1"]
     recs = read_folder(tmp_path, {"d1", "d2", "d3"})
-    assert wrong_quoting_opening(recs, openings) == {"wrong": 2, "notes_quote_an_opening": 1}
+    assert wrong_quoting_opening(recs, openings) == {"wrong": 2, "notes_quote_an_opening": 1,
+                                                     "quoted_opening_begins_with_the": 1, "notes_begin_with_the_quote": 1}
+    rows.append({"id": "d4", "correct": 0, "memory": "Kept: In math you don't choose abstractions because."})
+    openings["d4"] = ["In math you don't choose abstractions be"]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = wrong_quoting_opening(read_folder(tmp_path, {"d1", "d2", "d4"}), openings)
+    assert got == {"wrong": 3, "notes_quote_an_opening": 2, "quoted_opening_begins_with_the": 1,
+                   "notes_begin_with_the_quote": 1}
     assert rights(recs) == {"d1": False, "d2": False, "d3": True}
-    assert wrong_quoting_opening(read_folder(tmp_path, {"d1"}), openings) == {"wrong": 1, "notes_quote_an_opening": 1}
+    assert wrong_quoting_opening(read_folder(tmp_path, {"d1"}), openings)["notes_quote_an_opening"] == 1
     assert wrong_quoting_opening(read_folder(tmp_path / "none", {"d1"}), openings) is None
     assert rights(read_folder(tmp_path / "none", {"d1"})) is None
+
+
+def test_needle_chunk_alone_builds_each_shape_of_the_needles_chunk(smol_tokenizer, monkeypatch):
+    """benchmarks/needle_chunk_alone.py: on the single_1 4K document whose needle a token-exact boundary
+    cuts (document 11 with SmolLM2's tokenizer) there is no exact shape; the snapped chunk holds the needle
+    and starts at a sentence start, the marked one is it behind the mark, and from_second drops exactly
+    its first sentence."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from chunk_snap_cuts import needle_sentence
+    from needle_chunk_alone import MARK, holding, opens_with_the, shaped
+
+    from memagent.tasks import iter_samples
+
+    s = list(iter_samples(["niah_single_1"], [4096], 12, smol_tokenizer, 42))[11]
+    needle = needle_sentence(s.document, s.gold[0])
+    assert holding(s.document, needle, smol_tokenizer, 512, 0) is None
+    snapped = holding(s.document, needle, smol_tokenizer, 512, 64)
+    assert needle in snapped and shaped("exact", None, snapped, needle) is None
+    assert shaped("snapped", None, snapped, needle) == snapped
+    assert shaped("marked", None, snapped, needle) == MARK + snapped.lstrip()
+    rest = shaped("from_second", None, snapped, needle)
+    assert needle in rest and snapped.endswith(rest) and len(rest) < len(snapped)
+    first = snapped[:len(snapped) - len(rest)].strip()
+    assert first[-1] in ".!?" and first.count(". ") == 0  # one sentence, and all of it
+    assert shaped("from_second", None, "One of the special magic numbers for a is: 1. More.", "One of the special "
+                  "magic numbers for a is: 1") is None  # the needle is the first sentence: no such shape
+    text = " The sky is red. Dogs bark! One of the special magic numbers for a is: 1. Rest."
+    swapped = shaped("swapped", None, text, "One of the special magic numbers for a is: 1")
+    assert swapped == " Dogs bark! The sky is red. One of the special magic numbers for a is: 1. Rest."
+    assert opens_with_the(text) and not opens_with_the(swapped)
+    assert shaped("swapped", None, "The sky. One of the special magic numbers for a is: 1.",
+                  "One of the special magic numbers for a is: 1") is None  # the needle is the second sentence
+    other = next(t for t in iter_samples(["niah_single_1"], [4096], 12, smol_tokenizer, 42) if t.id != s.id)
+    n2 = needle_sentence(other.document, other.gold[0])
+    assert n2 in holding(other.document, n2, smol_tokenizer, 512, 0)

@@ -406,6 +406,38 @@ def test_word_titles_share_one_word_with_the_role_and_leave_earlier_titles_alone
         TrainConfig(task="notes", notes_title_word_share=-0.1).validate()
 
 
+def test_the_openings_open_every_inner_chunk_with_the_and_keep_the_evidence(smol_tokenizer):
+    """notes_the_opening_share: every chunk after a document's first opens with an essay sentence that
+    begins "The " (the opening the default's notes copy, docs/notes-model.md, session 17), whatever the
+    layout (evidence last, first, anywhere); the chunks keep their budget and every evidence sentence; a
+    document's first chunk is never opened; at 0 the documents are the ones drawn before the knob."""
+    from memagent.rl.config import ConfigError, TrainConfig
+    from memagent.rl.notes_data import OPENER_TOKENS
+
+    kw = dict(chunk_tokens=256, max_chunks=3, memory_tokens=64, seed=5, qa_share=0.0, prose_share=0.5,
+              min_chunks=2, late_share=0.4, early_share=0.3, title_share=0.5)
+    plain, zero, opened = (NotesTask(smol_tokenizer, **kw), NotesTask(smol_tokenizer, the_opening_share=0.0, **kw),
+                           NotesTask(smol_tokenizer, the_opening_share=1.0, **kw))
+    inner = 0
+    for i in range(24):
+        a, z, b = plain.sample(i), zero.sample(i), opened.sample(i)
+        assert (a.question, a.chunks) == (z.question, z.chunks) and "the_openings" not in z.meta
+        assert b.meta["the_openings"] and len(b.chunks) >= 2
+        for c in b.chunks[1:]:
+            first = c.split("\n")[0].split(". ")[0]
+            assert c.startswith("The ") and len(smol_tokenizer.encode(first)) <= OPENER_TOKENS + 2
+            inner += 1
+        assert all(len(smol_tokenizer.encode(c)) <= 256 for c in b.chunks)
+        evidence = [e for per in b.meta["evidence"] for e in per]
+        assert evidence and all(any(e in c for c in b.chunks) for e in evidence)
+        assert b.chunks[0].startswith(b.meta["title"]) if "title" in b.meta else True
+    assert inner >= 24
+    not_the = sum(not c.startswith("The ") for i in range(24) for c in plain.sample(i).chunks[1:])
+    assert not_the >= 12  # without the knob most inner chunks open otherwise, so the check above can fail
+    with pytest.raises(ConfigError, match="notes_the_opening_share"):
+        TrainConfig(task="notes", notes_the_opening_share=1.5).validate()
+
+
 def _two_sentence_roles(tokenizer, shape: str, seed: int):
     """Documents of one two-sentence role shape, each checked for what role_split and role_told share: the
     asked role's first sentence names the role and not the person, the next names the person, and no

@@ -243,5 +243,6 @@ def make_task(config, tokenizer: Tokenizer):
                          prose_shapes=config.notes_prose_shapes,
                          needle_essay_share=config.notes_needle_essay_share, decoy_share=config.notes_decoy_share,
                          title_share=config.notes_title_share, title_word_share=config.notes_title_word_share,
-                         qa_context_share=config.notes_qa_context_share, words_share=config.notes_words_share)
+                         qa_context_share=config.notes_qa_context_share, words_share=config.notes_words_share,
+                         the_opening_share=config.notes_the_opening_share)
     raise ValueError(f"unknown task {config.task!r}")

@@ -120,6 +120,8 @@ WORD_TITLE_FORMS = (
     "The {W}'s Log of {P}, {S} season",
 )
 SEASONS = ("spring", "summer", "autumn", "winter")
+OPENER_TOKENS = 40  # the_opening_share: the longest opener sentence
+OPENER_RESERVE = 48  # tokens _spread leaves free per opened chunk, so the filler still fits n_chunks
 MONTHS = ("January", "March", "May", "July", "September", "November")
 
 
@@ -196,7 +198,7 @@ class NotesTask:
                  prose_noise: float = 0.0, late_share: float = 0.0, early_share: float = 0.0,
                  prose_shapes: tuple[str, ...] = NOTES_DEFAULT_SHAPES, needle_essay_share: float = 0.0,
                  decoy_share: float = 0.0, title_share: float = 0.0, title_word_share: float = 0.0,
-                 qa_context_share: float = 0.0, words_share: float = 0.0):
+                 qa_context_share: float = 0.0, words_share: float = 0.0, the_opening_share: float = 0.0):
         if not prose_shapes or set(prose_shapes) - set(NOTES_PROSE_SHAPES):
             raise ValueError(f"prose_shapes must be a non-empty subset of {NOTES_PROSE_SHAPES}, got {prose_shapes!r}")
         self.prose_shapes = tuple(prose_shapes)
@@ -206,6 +208,8 @@ class NotesTask:
         self.needle_essay_share, self.decoy_share, self.title_share = needle_essay_share, decoy_share, title_share
         self.title_word_share, self.qa_context_share = title_word_share, qa_context_share
         self.words_share = words_share  # prose facts with their counts in words (notes_prose._in_words)
+        self.the_opening_share = the_opening_share
+        self._openers = None  # the_opening_share: the sample being drawn opens its inner chunks (see _pack)
         self._titles = None  # title_lines() of the sample being drawn (sample() draws, _layout places one)
         self.min_chunks, self.memory_tokens, self.seed, self.qa_share = min_chunks, memory_tokens, seed, qa_share
         self._pools: dict = {}
@@ -265,21 +269,42 @@ class NotesTask:
                 for j, s in enumerate(sents):
                     yield s, ("\n\n" if j == len(sents) - 1 else " ")
 
-    def _pack(self, units: list[tuple[str, str, bool, int]], n_chunks: int):
-        """Units (text, separator, is_evidence, tokens) into chunks of <= chunk_tokens tokens, whole units only."""
-        chunks, evidence, cur, cur_ev, used = [], [], [], [], 0
+    def _pack(self, units: list[tuple[str, str, bool, int]], n_chunks: int, opener_sep: str | None = None,
+              inner: bool = False):
+        """Units (text, separator, is_evidence, tokens) into chunks of <= chunk_tokens tokens, whole units only.
+
+        With `opener_sep` (the_opening_share), every chunk but the document's first opens with an essay
+        sentence that begins "The ", then `opener_sep`. Why: the default's notes open with "The" ("The
+        special magic number for ... is ..."), and when a chunk also opens with "The ..." they go on
+        copying the chunk's opening instead of the fact. Every one of the 21 wrong gated reads whose notes
+        quote a chunk's opening quotes one that begins "The " (chunk_snap_cuts.py), and read alone, the
+        needle's chunk of the 64K essay-number documents is answered 2 of 8 times when it opens with "The "
+        and 55 of 55 otherwise (benchmarks/needle_chunk_alone.py, token-exact and snapped). Training
+        chunks open with "The " only where the haystack happens to (14 of round 16's first 60 second
+        chunks); this makes it the rule for a share of the documents, so that the copy stops paying."""
+        chunks, evidence, cur, cur_ev, used, filled = [], [], [], [], 0, 0
+
+        def opened() -> tuple[list[str], int]:
+            if opener_sep is None or not (chunks or inner):
+                return [], 0
+            text, n = self._openers(opener_sep)
+            return [text + opener_sep], n
+
+        cur, used = opened()
         for text, sep, ev, n in units:
-            if used + n > self.chunk_tokens and cur:
+            if used + n > self.chunk_tokens and filled:
                 chunks.append("".join(cur))
                 evidence.append(cur_ev)
-                cur, cur_ev, used = [], [], 0
+                cur_ev, filled = [], 0
                 if len(chunks) == n_chunks:
                     break
+                cur, used = opened()
             cur.append(text + sep)
+            filled += 1
             used += n
             if ev:
                 cur_ev.append(text)
-        if cur and len(chunks) < n_chunks:
+        if filled and len(chunks) < n_chunks:
             chunks.append("".join(cur))
             evidence.append(cur_ev)
         return chunks, evidence
@@ -312,22 +337,24 @@ class NotesTask:
             r = rng.random()
             if r < self.early_share:
                 first, first_ev = self._spread(rng, 1, filler, planted[:n_gold], title)
-                rest, rest_ev = self._spread(rng, n_chunks - 1, filler, planted[n_gold:])
+                rest, rest_ev = self._spread(rng, n_chunks - 1, filler, planted[n_gold:], inner=True)
                 return first + rest, first_ev + rest_ev
             late = r < self.early_share + self.late_share
         else:  # without early_share the draw below is the only one, so earlier seeds keep their documents
             late = n_gold and n_chunks > 1 and self.late_share and rng.random() < self.late_share
         if late:
             early, early_ev = self._spread(rng, n_chunks - 1, filler, planted[n_gold:], title)
-            last, last_ev = self._spread(rng, 1, filler, planted[:n_gold])
+            last, last_ev = self._spread(rng, 1, filler, planted[:n_gold], inner=True)
             return early + last, early_ev + last_ev
         return self._spread(rng, n_chunks, filler, planted, title)
 
-    def _spread(self, rng, n_chunks, filler, planted: list[str], title: str | None = None):
+    def _spread(self, rng, n_chunks, filler, planted: list[str], title: str | None = None, inner: bool = False):
         """Filler units for n_chunks chunks with the planted sentences at random unit positions, after
         `title` (a heading line) when one is given. Each unit is tokenized once; its count travels with it
-        into _pack, so a title takes its tokens from the filler and every chunk keeps its budget."""
-        budget = n_chunks * self.chunk_tokens
+        into _pack, so a title takes its tokens from the filler and every chunk keeps its budget. `inner`:
+        these chunks come after the document's first (their first one is not the document's opening)."""
+        openers = 0 if not self._openers else n_chunks - (0 if inner else 1)
+        budget = n_chunks * self.chunk_tokens - openers * OPENER_RESERVE
         head = [(title, "\n\n", False, self.ntok(title + "\n\n"))] if title else []
         units, used = [], sum(u[3] for u in head)
         planted_cost = sum(self.ntok(p) + 1 for p in planted)
@@ -340,7 +367,7 @@ class NotesTask:
         sep = seps.pop() if seps in ({"\n"}, {"\n\n"}) else " "  # a planted paragraph among paragraphs
         for p in planted:
             units.insert(rng.randint(0, len(units)), (p, sep, True, self.ntok(p + sep)))
-        return self._pack(head + units, n_chunks)
+        return self._pack(head + units, n_chunks, sep if openers else None, inner)
 
     # ---- samples -----------------------------------------------------------------------------------
 
@@ -353,6 +380,10 @@ class NotesTask:
             title_rng = random.Random(f"notes-title:{self.seed}:{index}:{attempt}")
             titled = self.title_share and title_rng.random() < self.title_share
             self._titles = title_lines(title_rng, self.title_word_share) if titled else None
+            # likewise its own stream: at 0 nothing is drawn
+            open_rng = random.Random(f"notes-open:{self.seed}:{index}:{attempt}")
+            opened = self.the_opening_share and open_rng.random() < self.the_opening_share
+            self._openers = (lambda sep, r=open_rng: self._the_opener(r, sep)) if opened else None
             n_chunks = rng.randint(self.min_chunks, self.max_chunks)
             r = rng.random()
             try:
@@ -363,12 +394,22 @@ class NotesTask:
                 else:
                     s = self._needle(rng, n_chunks, index)
             finally:
-                titled, self._titles = self._titles, None
+                titled, self._titles, self._openers = self._titles, None, None
             if s is not None and titled:
                 s.meta["title"] = s.chunks[0].split("\n\n", 1)[0]  # _spread puts it first, then a blank line
+            if s is not None and opened:
+                s.meta["the_openings"] = True
             if s is not None and self._fits(s):
                 return s
         raise RuntimeError(f"notes task: no sample fits for index {index}")
+
+    def _the_opener(self, rng: random.Random, sep: str) -> tuple[str, int]:
+        """An essay sentence that begins "The " (at most OPENER_TOKENS tokens) and its tokens with `sep`."""
+        if "essay_the" not in self._pools:
+            self._pools["essay_the"] = [t for t in self._pool("essay") if t.startswith("The ") and
+                                        len(t) < 200 and self.ntok(t) <= OPENER_TOKENS]
+        text = rng.choice(self._pools["essay_the"])
+        return text, self.ntok(text + sep)
 
     def _fits(self, s: Sample) -> bool:
         ev = [e for per in s.meta["evidence"] for e in per]
