@@ -115,8 +115,11 @@ def wrong_quoting_opening(recs: dict[str, dict], openings: dict[str, list[str]])
     if not recs:
         return None
     wrong = [r for r in recs.values() if r["correct"] == 0]
-    quoted = [(r.get("memory") or "", [w for w in openings[r["id"]] if w in (r.get("memory") or "")]) for r in wrong]
-    quoted = [(notes, ws) for notes, ws in quoted if ws]
+    quoted = []  # (notes, the openings they quote) of the wrong reads that quote any
+    for r in wrong:
+        notes = r.get("memory") or ""
+        if ws := [w for w in openings[r["id"]] if w in notes]:
+            quoted.append((notes, ws))
     # Which openings get copied: if it were any first sentence, those that begin "The " would be about as
     # common among the quoted as among all openings (openings_begin_with_the / openings_counted).
     return {"wrong": len(wrong), "notes_quote_an_opening": len(quoted),
@@ -205,8 +208,8 @@ def main(argv=None) -> int:
     training = {}
     for cfg in filter(None, args.train_configs.split(",")):
         task = make_task(load_config(ROOT / cfg), tok)
-        chunks = [c for i in range(args.train_docs) for c in task.sample(i).chunks]
-        inner = [c for i in range(args.train_docs) for c in task.sample(i).chunks[1:]]
+        docs = [task.sample(i).chunks for i in range(args.train_docs)]
+        chunks, inner = [c for d in docs for c in d], [c for d in docs for c in d[1:]]
         training[cfg] = {"documents": args.train_docs, "chunks": len(chunks),
                          "ends_at_sentence": sum(map(ends_at_sentence, chunks)), "inner_chunks": len(inner),
                          "inner_chunks_open_with_the": sum(c.startswith(THE) for c in inner)}

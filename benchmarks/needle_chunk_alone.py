@@ -35,9 +35,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chunk_snap_cuts import needle_sentence, opening_words  # noqa: E402
+from chunk_snap_cuts import THE, needle_sentence, opening_words, paired  # noqa: E402
 from common import write_result  # noqa: E402
-from notes_grid import sign_test  # noqa: E402
 
 from memagent import models  # noqa: E402
 from memagent.chunking import iter_chunks  # noqa: E402
@@ -79,7 +78,7 @@ def shaped(shape: str, exact: str | None, snapped: str | None, needle: str) -> s
 
 
 def opens_with_the(text: str) -> bool:
-    return text.lstrip().startswith("The ")
+    return text.lstrip().startswith(THE)
 
 
 def main(argv=None) -> int:
@@ -136,11 +135,12 @@ def main(argv=None) -> int:
             for s, (a,) in zip(todo, answers):
                 pred, scores = score(s.metric, None if a.error else a.reply, s.gold)
                 right[s.id] = scores[s.metric] == 1.0
-                tally = split["opens_with_the" if opens_with_the(texts[s.id][shape].removeprefix(MARK)) else "other"]
+                chunk = texts[s.id][shape].removeprefix(MARK)  # the chunk's own opening, behind any mark
+                tally = split["opens_with_the" if opens_with_the(chunk) else "other"]
                 tally[0] += right[s.id]
                 tally[1] += 1
                 if not right[s.id]:
-                    first = opening_words(texts[s.id][shape].removeprefix(MARK))
+                    first = opening_words(chunk)
                     wrong.append({"id": s.id, "prediction": pred, "notes": a.memory, "error": a.error,
                                   "notes_quote_chunk_opening": bool(first and first in a.memory)})
             right_by_shape[shape] = right
@@ -153,13 +153,10 @@ def main(argv=None) -> int:
                   f"the chunk's opening; opening with 'The' {split['opens_with_the'][0]}/{split['opens_with_the'][1]} right, "
                   f"others {split['other'][0]}/{split['other'][1]} ({seconds:.0f} s)", flush=True)
         if "snapped" in right_by_shape:  # per document, against the snapped chunk as is
-            base = right_by_shape["snapped"]
             for shape, right in right_by_shape.items():
-                both = set(right) & set(base)
-                gained = sum(right[i] and not base[i] for i in both)
-                lost = sum(base[i] and not right[i] for i in both)
-                result["shapes"][shape]["vs_snapped"] = {"documents": len(both), "gained": gained, "lost": lost,
-                                                         "p": round(sign_test(gained, gained + lost), 3)}
+                got = paired(right_by_shape["snapped"], right)  # its "snapped" side is this shape
+                result["shapes"][shape]["vs_snapped"] = {"documents": got["n"], "gained": got["only_snapped"],
+                                                         "lost": got["only_exact"], "p": round(got["p"], 3)}
         out.append(result)
     path = write_result("needle_chunk_alone", path=Path(args.out) if args.out else None, numbers={
         "what": "the chunk holding the needle sentence read alone (empty notes, one update, then the answer), "

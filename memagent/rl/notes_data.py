@@ -120,9 +120,9 @@ WORD_TITLE_FORMS = (
     "The {W}'s Log of {P}, {S} season",
 )
 SEASONS = ("spring", "summer", "autumn", "winter")
+MONTHS = ("January", "March", "May", "July", "September", "November")
 OPENER_TOKENS = 40  # the_opening_share: the longest opener sentence
 OPENER_RESERVE = 48  # tokens _spread leaves free per opened chunk, so the filler still fits n_chunks
-MONTHS = ("January", "March", "May", "July", "September", "November")
 
 
 def title_lines(rng: random.Random, word_share: float = 0.0) -> tuple[str, str | None]:
@@ -209,7 +209,7 @@ class NotesTask:
         self.title_word_share, self.qa_context_share = title_word_share, qa_context_share
         self.words_share = words_share  # prose facts with their counts in words (notes_prose._in_words)
         self.the_opening_share = the_opening_share
-        self._openers = None  # the_opening_share: the sample being drawn opens its inner chunks (see _pack)
+        self._open_rng = None  # the_opening_share: set while the sample being drawn opens its inner chunks (_pack)
         self._titles = None  # title_lines() of the sample being drawn (sample() draws, _layout places one)
         self.min_chunks, self.memory_tokens, self.seed, self.qa_share = min_chunks, memory_tokens, seed, qa_share
         self._pools: dict = {}
@@ -287,7 +287,7 @@ class NotesTask:
         def opened() -> tuple[list[str], int]:
             if opener_sep is None or not (chunks or inner):
                 return [], 0
-            text, n = self._openers(opener_sep)
+            text, n = self._the_opener(self._open_rng, opener_sep)
             return [text + opener_sep], n
 
         cur, used = opened()
@@ -353,7 +353,7 @@ class NotesTask:
         `title` (a heading line) when one is given. Each unit is tokenized once; its count travels with it
         into _pack, so a title takes its tokens from the filler and every chunk keeps its budget. `inner`:
         these chunks come after the document's first (their first one is not the document's opening)."""
-        openers = 0 if not self._openers else n_chunks - (0 if inner else 1)
+        openers = 0 if self._open_rng is None else n_chunks - (0 if inner else 1)
         budget = n_chunks * self.chunk_tokens - openers * OPENER_RESERVE
         head = [(title, "\n\n", False, self.ntok(title + "\n\n"))] if title else []
         units, used = [], sum(u[3] for u in head)
@@ -383,7 +383,7 @@ class NotesTask:
             # likewise its own stream: at 0 nothing is drawn
             open_rng = random.Random(f"notes-open:{self.seed}:{index}:{attempt}")
             opened = self.the_opening_share and open_rng.random() < self.the_opening_share
-            self._openers = (lambda sep, r=open_rng: self._the_opener(r, sep)) if opened else None
+            self._open_rng = open_rng if opened else None
             n_chunks = rng.randint(self.min_chunks, self.max_chunks)
             r = rng.random()
             try:
@@ -394,7 +394,7 @@ class NotesTask:
                 else:
                     s = self._needle(rng, n_chunks, index)
             finally:
-                titled, self._titles, self._openers = self._titles, None, None
+                titled, self._titles, self._open_rng = self._titles, None, None
             if s is not None and titled:
                 s.meta["title"] = s.chunks[0].split("\n\n", 1)[0]  # _spread puts it first, then a blank line
             if s is not None and opened:
