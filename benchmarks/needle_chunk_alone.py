@@ -14,6 +14,9 @@ each shape of it costs a few minutes:
     marked       the snapped chunk with "[...] " in front: a continuation mark
     from_second  the snapped chunk from its second sentence on (when the needle is not in the first)
     swapped      the snapped chunk with its first two sentences in the other order (neither the needle)
+    the_front    the snapped chunk with the document's last sentence before it that begins "The " in front,
+                 so every document opens so (a snap one or more sentences earlier could start there); this
+                 is the opening the notes copy, made the rule instead of a sixth of the chunks
 
 Each shape's reads are also split by whether the text read opens with the word "The": the notes this
 model writes open with it ("The special magic number for ... is ..."), and a copy of the chunk's own
@@ -22,8 +25,9 @@ model writes open with it ("The special magic number for ... is ..."), and a cop
     python benchmarks/needle_chunk_alone.py                                  # niah_single_2 @ 64K, n = 32
     python benchmarks/needle_chunk_alone.py --cells niah_single_1@16k --n 8 --shapes exact,snapped
     python benchmarks/needle_chunk_alone.py --model qwen2.5-coder-0.5b --adapter RUN/final --out FILE.json
+    python benchmarks/needle_chunk_alone.py --seed 43 --shapes snapped,the_front     # fresh documents
 
-The documents are the grid's (eval seed 42); scoring is eval's (memagent.tasks.scoring.score). Writes
+The documents are the grid's (eval seed 42; `--seed` draws others); scoring is eval's (memagent.tasks.scoring.score). Writes
 benchmarks/results/needle_chunk_alone.json (command, date, machine).
 """
 from __future__ import annotations
@@ -43,9 +47,10 @@ from memagent.chunking import iter_chunks  # noqa: E402
 from memagent.tasks import format_length, iter_samples, parse_lengths  # noqa: E402
 from memagent.tasks.scoring import score  # noqa: E402
 
-SHAPES = ("exact", "snapped", "marked", "from_second", "swapped")
+SHAPES = ("exact", "snapped", "marked", "from_second", "swapped", "the_front")
 MARK = "[...] "
 SENTENCE_END = re.compile(r"[.!?][\"')\]]*\s+")
+THE_SENTENCE = re.compile(r"(?:^|(?<=[.!?]\s)|(?<=\n))The [^.!?\n]{1,200}[.!?]")
 
 
 def holding(document: str, needle: str, tokenizer, chunk_tokens: int, snap: int) -> str | None:
@@ -53,7 +58,7 @@ def holding(document: str, needle: str, tokenizer, chunk_tokens: int, snap: int)
     return next((c.text for c in iter_chunks(document, tokenizer, chunk_tokens, snap) if needle in c.text), None)
 
 
-def shaped(shape: str, exact: str | None, snapped: str | None, needle: str) -> str | None:
+def shaped(shape: str, exact: str | None, snapped: str | None, needle: str, document: str = "") -> str | None:
     """The text read for one shape; None when the shape does not exist for this document."""
     if shape == "exact":
         return exact
@@ -61,6 +66,10 @@ def shaped(shape: str, exact: str | None, snapped: str | None, needle: str) -> s
         return None
     if shape == "snapped":
         return snapped
+    if shape == "the_front":
+        at = document.find(snapped.strip())
+        before = list(THE_SENTENCE.finditer(document, 0, at)) if at > 0 else []
+        return before[-1].group(0) + " " + snapped.lstrip() if before else None
     if shape == "marked":
         return MARK + snapped.lstrip()
     at = snapped.index(needle)
@@ -85,6 +94,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cells", default="niah_single_2@64k", help="comma list of TASK@LENGTH (RULER needle tasks)")
     ap.add_argument("--n", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=42, help="the documents' seed (42: the grid's)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)}")
     ap.add_argument("--snap", type=int, default=64, help="the snap window of the snapped shapes, in tokens")
     ap.add_argument("--chunk-tokens", type=int, default=512)
@@ -117,13 +127,13 @@ def main(argv=None) -> int:
                         memory_tokens=args.memory_tokens)
     out = []
     for task, length in cells:
-        samples = list(iter_samples([task], [length], args.n, tok, 42))
+        samples = list(iter_samples([task], [length], args.n, tok, args.seed))
         texts = {}
         for s in samples:
             needle = needle_sentence(s.document, s.gold[0])
             exact = holding(s.document, needle, tok, args.chunk_tokens, 0)
             snapped = holding(s.document, needle, tok, args.chunk_tokens, args.snap)
-            texts[s.id] = {shape: shaped(shape, exact, snapped, needle) for shape in shapes}
+            texts[s.id] = {shape: shaped(shape, exact, snapped, needle, s.document) for shape in shapes}
         result = {"task": task, "length": length, "n": len(samples), "shapes": {}}
         right_by_shape = {}
         for shape in shapes:
@@ -161,7 +171,7 @@ def main(argv=None) -> int:
     path = write_result("needle_chunk_alone", path=Path(args.out) if args.out else None, numbers={
         "what": "the chunk holding the needle sentence read alone (empty notes, one update, then the answer), "
                 "in several shapes; right = eval's score", "model": args.model, "adapter": args.adapter,
-        "engine": "llama.cpp", "decoding": "greedy", "chunk_tokens": args.chunk_tokens,
+        "engine": "llama.cpp", "decoding": "greedy", "seed": args.seed, "chunk_tokens": args.chunk_tokens,
         "memory_tokens": args.memory_tokens, "snap": args.snap, "mark": MARK, "cells": out})
     print(f"wrote {path}")
     return 0

@@ -445,6 +445,14 @@ def test_needle_chunk_alone_builds_each_shape_of_the_needles_chunk(smol_tokenize
     assert opens_with_the(text) and not opens_with_the(swapped)
     assert shaped("swapped", None, "The sky. One of the special magic numbers for a is: 1.",
                   "One of the special magic numbers for a is: 1") is None  # the needle is the second sentence
+    fronted = shaped("the_front", None, snapped, needle, s.document)  # the last "The ..." sentence before the chunk
+    assert fronted.endswith(snapped.lstrip()) and opens_with_the(fronted)
+    lead = fronted[:len(fronted) - len(snapped.lstrip())].strip()
+    assert lead in s.document[:s.document.index(snapped.strip())] and lead[-1] in ".!?"
+    doc = "A cat sat. The sky is red. The sea is wide! Dogs bark. One of the special magic numbers for a is: 1."
+    chunk = " Dogs bark. One of the special magic numbers for a is: 1."
+    assert shaped("the_front", None, chunk, "One of", doc) == "The sea is wide! " + chunk.strip()
+    assert shaped("the_front", None, "A cat sat. Dogs bark.", "Dogs", doc) is None  # nothing before the chunk
     other = next(t for t in iter_samples(["niah_single_1"], [4096], 12, smol_tokenizer, 42) if t.id != s.id)
     n2 = needle_sentence(other.document, other.gold[0])
     assert n2 in holding(other.document, n2, smol_tokenizer, 512, 0)

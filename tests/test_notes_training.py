@@ -694,3 +694,32 @@ def test_counts_in_words_are_opt_in_keep_the_digits_as_an_answer_and_word_the_lo
     assert n_worded >= 10
     with pytest.raises(ConfigError, match="notes_words_share"):
         TrainConfig(task="notes", notes_words_share=2.0).validate()
+
+
+def test_reads_from_the_middle_open_every_chunk_with_the(smol_tokenizer):
+    """notes_the_first_share: an opened document read from the middle of a text opens its first chunk
+    with "The ..." as well and has no title, so a one-chunk read meets the opening with empty notes (the
+    case where the default copies it, docs/notes-model.md, session 18); at 0 the opened documents are
+    the ones drawn before the knob, and the chunks keep their budget and every evidence sentence."""
+    from memagent.rl.config import ConfigError, TrainConfig
+
+    kw = dict(chunk_tokens=256, max_chunks=2, memory_tokens=64, seed=7, qa_share=0.0, prose_share=0.5,
+              min_chunks=1, late_share=0.5, title_share=1.0, the_opening_share=1.0)
+    before, zero, middle = (NotesTask(smol_tokenizer, **kw), NotesTask(smol_tokenizer, the_first_share=0.0, **kw),
+                            NotesTask(smol_tokenizer, the_first_share=1.0, **kw))
+    one_chunk = 0
+    for i in range(24):
+        a, z, b = before.sample(i), zero.sample(i), middle.sample(i)
+        assert (a.question, a.chunks) == (z.question, z.chunks) and "read_from_middle" not in z.meta
+        assert "title" in a.meta  # titled before the knob: so the knob below changes the document
+        assert b.meta["read_from_middle"] and "title" not in b.meta
+        assert all(c.startswith("The ") for c in b.chunks)
+        assert all(len(smol_tokenizer.encode(c)) <= 256 for c in b.chunks)
+        evidence = [e for per in b.meta["evidence"] for e in per]
+        assert evidence and all(any(e in c for c in b.chunks) for e in evidence)
+        one_chunk += len(b.chunks) == 1
+    assert one_chunk >= 4
+    half = NotesTask(smol_tokenizer, the_first_share=0.5, **kw)
+    assert 4 <= sum("read_from_middle" in half.sample(i).meta for i in range(24)) <= 20
+    with pytest.raises(ConfigError, match="notes_the_first_share"):
+        TrainConfig(task="notes", notes_the_first_share=2.0).validate()

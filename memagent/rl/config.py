@@ -80,6 +80,7 @@ class TrainConfig:
     notes_title_word_share: float = 0.0  # task notes: share of subject titles naming only its last word
     notes_words_share: float = 0.0  # task notes: share of prose facts whose counts (1-999) are written in words
     notes_the_opening_share: float = 0.0  # task notes: share of documents whose every chunk after the first opens with "The ..."
+    notes_the_first_share: float = 0.0  # task notes: of those, the share read from mid-text: untitled, the first chunk opens so too
     notes_min_chunks: int = 1  # task notes: the fewest chunks a document draws (more: evidence later, empty turns first)
     kv_values: str = "number"  # kv task values: number (4 digits, "access code") | word ("password")
     memory_tokens: int = 64  # cap of every memory update (max_completion_length of update turns)
@@ -197,7 +198,7 @@ class TrainConfig:
             raise ConfigError("notes_early_share and notes_late_share share one draw and must sum to at most 1")
         for name in ("notes_prose_noise", "notes_late_share", "notes_early_share", "notes_needle_essay_share",
                      "notes_decoy_share", "notes_title_share", "notes_title_word_share", "notes_qa_context_share",
-                     "notes_words_share", "notes_the_opening_share"):
+                     "notes_words_share", "notes_the_opening_share", "notes_the_first_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.sft_first_token_weight <= 0:

@@ -244,5 +244,6 @@ def make_task(config, tokenizer: Tokenizer):
                          needle_essay_share=config.notes_needle_essay_share, decoy_share=config.notes_decoy_share,
                          title_share=config.notes_title_share, title_word_share=config.notes_title_word_share,
                          qa_context_share=config.notes_qa_context_share, words_share=config.notes_words_share,
-                         the_opening_share=config.notes_the_opening_share)
+                         the_opening_share=config.notes_the_opening_share,
+                         the_first_share=config.notes_the_first_share)
     raise ValueError(f"unknown task {config.task!r}")

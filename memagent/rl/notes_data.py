@@ -198,7 +198,8 @@ class NotesTask:
                  prose_noise: float = 0.0, late_share: float = 0.0, early_share: float = 0.0,
                  prose_shapes: tuple[str, ...] = NOTES_DEFAULT_SHAPES, needle_essay_share: float = 0.0,
                  decoy_share: float = 0.0, title_share: float = 0.0, title_word_share: float = 0.0,
-                 qa_context_share: float = 0.0, words_share: float = 0.0, the_opening_share: float = 0.0):
+                 qa_context_share: float = 0.0, words_share: float = 0.0, the_opening_share: float = 0.0,
+                 the_first_share: float = 0.0):
         if not prose_shapes or set(prose_shapes) - set(NOTES_PROSE_SHAPES):
             raise ValueError(f"prose_shapes must be a non-empty subset of {NOTES_PROSE_SHAPES}, got {prose_shapes!r}")
         self.prose_shapes = tuple(prose_shapes)
@@ -208,7 +209,8 @@ class NotesTask:
         self.needle_essay_share, self.decoy_share, self.title_share = needle_essay_share, decoy_share, title_share
         self.title_word_share, self.qa_context_share = title_word_share, qa_context_share
         self.words_share = words_share  # prose facts with their counts in words (notes_prose._in_words)
-        self.the_opening_share = the_opening_share
+        self.the_opening_share, self.the_first_share = the_opening_share, the_first_share
+        self._open_first = False  # the_first_share: the sample being drawn is read from the middle of a text
         self._open_rng = None  # the_opening_share: set while the sample being drawn opens its inner chunks (_pack)
         self._titles = None  # title_lines() of the sample being drawn (sample() draws, _layout places one)
         self.min_chunks, self.memory_tokens, self.seed, self.qa_share = min_chunks, memory_tokens, seed, qa_share
@@ -352,7 +354,9 @@ class NotesTask:
         """Filler units for n_chunks chunks with the planted sentences at random unit positions, after
         `title` (a heading line) when one is given. Each unit is tokenized once; its count travels with it
         into _pack, so a title takes its tokens from the filler and every chunk keeps its budget. `inner`:
-        these chunks come after the document's first (their first one is not the document's opening)."""
+        these chunks come after the document's first (their first one is not the document's opening), as
+        are all of an untitled document's chunks when it is read from the middle of a text (the_first_share)."""
+        inner = inner or (self._open_first and not title)
         openers = 0 if self._open_rng is None else n_chunks - (0 if inner else 1)
         budget = n_chunks * self.chunk_tokens - openers * OPENER_RESERVE
         head = [(title, "\n\n", False, self.ntok(title + "\n\n"))] if title else []
@@ -384,6 +388,14 @@ class NotesTask:
             open_rng = random.Random(f"notes-open:{self.seed}:{index}:{attempt}")
             opened = self.the_opening_share and open_rng.random() < self.the_opening_share
             self._open_rng = open_rng if opened else None
+            # A read that starts in the middle of a text: its first chunk opens with "The ..." too and has
+            # no title, so the notes are still empty when a "The" opening arrives. Why: that is when the
+            # default copies the opening (a gated read that passes one chunk, a long read that has kept
+            # nothing yet); two-chunk documents whose first chunk is plain never show it, because their
+            # notes at chunk 2 are never empty (round 28's reads: none of 94 wrong ones copied the opener).
+            self._open_first = bool(opened and self.the_first_share and open_rng.random() < self.the_first_share)
+            if self._open_first:
+                self._titles = None
             n_chunks = rng.randint(self.min_chunks, self.max_chunks)
             r = rng.random()
             try:
@@ -395,10 +407,13 @@ class NotesTask:
                     s = self._needle(rng, n_chunks, index)
             finally:
                 titled, self._titles, self._open_rng = self._titles, None, None
+                open_first, self._open_first = self._open_first, False
             if s is not None and titled:
                 s.meta["title"] = s.chunks[0].split("\n\n", 1)[0]  # _spread puts it first, then a blank line
             if s is not None and opened:
                 s.meta["the_openings"] = True
+            if s is not None and open_first and not titled:
+                s.meta["read_from_middle"] = True  # every chunk opens with "The ..."
             if s is not None and self._fits(s):
                 return s
         raise RuntimeError(f"notes task: no sample fits for index {index}")
