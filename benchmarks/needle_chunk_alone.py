@@ -26,6 +26,8 @@ model writes open with it ("The special magic number for ... is ..."), and a cop
     python benchmarks/needle_chunk_alone.py --cells niah_single_1@16k --n 8 --shapes exact,snapped
     python benchmarks/needle_chunk_alone.py --model qwen2.5-coder-0.5b --adapter RUN/final --out FILE.json
     python benchmarks/needle_chunk_alone.py --seed 43 --shapes snapped,the_front     # fresh documents
+    python benchmarks/needle_chunk_alone.py --compare OLD.json NEW.json [OLD2.json NEW2.json ...]
+        # no model: per cell and shape, documents right only before, right only after, and the sign test
 
 The documents are the grid's (eval seed 42; `--seed` draws others); scoring is eval's (memagent.tasks.scoring.score). Writes
 benchmarks/results/needle_chunk_alone.json (command, date, machine).
@@ -33,6 +35,7 @@ benchmarks/results/needle_chunk_alone.json (command, date, machine).
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -41,6 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chunk_snap_cuts import THE, needle_sentence, opening_words, paired  # noqa: E402
 from common import write_result  # noqa: E402
+from notes_grid import sign_test  # noqa: E402
 
 from memagent import models  # noqa: E402
 from memagent.chunking import iter_chunks  # noqa: E402
@@ -90,6 +94,31 @@ def opens_with_the(text: str) -> bool:
     return text.lstrip().startswith(THE)
 
 
+def compare(pairs: list[tuple[dict, dict]]) -> dict:
+    """Two results of the same documents (two adapters), per cell and shape: right before and after, and
+    the documents that changed. A document is right unless it is in a shape's wrong list, and a shape is
+    read on the same documents by every adapter (which ones exist depends on the document only)."""
+    cells, total = [], {"gained": 0, "lost": 0}
+    for old, new in pairs:
+        for co, cn in zip(old["cells"], new["cells"]):
+            if (co["task"], co["length"], co.get("seed", old.get("seed", 42))) != \
+                    (cn["task"], cn["length"], cn.get("seed", new.get("seed", 42))):
+                raise SystemExit(f"--compare: {co['task']}@{co['length']} is not paired with {cn['task']}@{cn['length']}")
+            for shape in sorted(co["shapes"].keys() & cn["shapes"].keys()):
+                so, sn = co["shapes"][shape], cn["shapes"][shape]
+                wo, wn = {w["id"] for w in so["wrong"]}, {w["id"] for w in sn["wrong"]}
+                gained, lost = len(wo - wn), len(wn - wo)
+                total["gained"] += gained
+                total["lost"] += lost
+                cells.append({"task": co["task"], "length": co["length"], "seed": old.get("seed", 42), "shape": shape,
+                              "read": so["read"], "right_before": so["right"], "right_after": sn["right"],
+                              "gained": gained, "lost": lost, "p": round(sign_test(gained, gained + lost), 4)})
+                print(f"{co['task']}@{format_length(co['length'])} seed {old.get('seed', 42)} {shape}: "
+                      f"{so['right']} -> {sn['right']} of {so['read']} ({gained} gained, {lost} lost)")
+    total["p"] = round(sign_test(total["gained"], total["gained"] + total["lost"]), 6)
+    return {"cells": cells, "total": total}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cells", default="niah_single_2@64k", help="comma list of TASK@LENGTH (RULER needle tasks)")
@@ -104,7 +133,24 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="results file (default benchmarks/results/needle_chunk_alone.json)")
+    ap.add_argument("--compare", nargs="+", metavar="FILE", help="OLD NEW pairs of results files: compare, read nothing")
     args = ap.parse_args(argv)
+    if args.compare:
+        if len(args.compare) % 2:
+            ap.error("--compare takes OLD NEW pairs of results files")
+        loaded = []
+        for f in args.compare:
+            try:
+                loaded.append(json.loads(Path(f).read_text()))
+            except (OSError, ValueError) as e:
+                ap.error(f"--compare: cannot read {f}: {e}")
+        got = compare(list(zip(loaded[::2], loaded[1::2])))
+        path = write_result("needle_chunk_alone_compare", path=Path(args.out) if args.out else None, numbers={
+            "what": "the needle's chunk read alone by two adapters on the same documents: documents right only "
+                    "after (gained), right only before (lost), exact sign test",
+            "pairs": [{"before": a, "after": b} for a, b in zip(args.compare[::2], args.compare[1::2])], **got})
+        print(f"total: {got['total']['gained']} gained, {got['total']['lost']} lost, p = {got['total']['p']}; wrote {path}")
+        return 0
     shapes = args.shapes.split(",")
     if unknown := set(shapes) - set(SHAPES):
         ap.error(f"unknown shapes {sorted(unknown)}; choose from {', '.join(SHAPES)}")

@@ -456,3 +456,26 @@ def test_needle_chunk_alone_builds_each_shape_of_the_needles_chunk(smol_tokenize
     other = next(t for t in iter_samples(["niah_single_1"], [4096], 12, smol_tokenizer, 42) if t.id != s.id)
     n2 = needle_sentence(other.document, other.gold[0])
     assert n2 in holding(other.document, n2, smol_tokenizer, 512, 0)
+
+
+def test_needle_chunk_alone_compare_pairs_documents_by_their_wrong_reads(monkeypatch):
+    """--compare: a document wrong before and right after is gained, the reverse lost, one wrong in both
+    neither; shapes only one file read are left out, and cells that are not the same documents refuse."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from needle_chunk_alone import compare
+
+    def result(wrong: dict, task="niah_single_2", seed=None):
+        shapes = {k: {"read": 4, "right": 4 - len(v), "wrong": [{"id": i} for i in v]} for k, v in wrong.items()}
+        return {"cells": [{"task": task, "length": 65536, "shapes": shapes}], **({"seed": seed} if seed else {})}
+
+    old = result({"the_front": ["a", "b", "c"], "snapped": ["a"], "exact": []})
+    new = result({"the_front": ["c", "d"], "snapped": ["a"]})
+    got = compare([(old, new)])
+    front = next(c for c in got["cells"] if c["shape"] == "the_front")
+    assert (front["right_before"], front["right_after"], front["gained"], front["lost"]) == (1, 2, 2, 1)
+    assert [c["shape"] for c in got["cells"]] == ["snapped", "the_front"]
+    assert got["total"] == {"gained": 2, "lost": 1, "p": 1.0}
+    with pytest.raises(SystemExit, match="not paired"):
+        compare([(old, result({"snapped": []}, task="niah_single_3"))])
+    with pytest.raises(SystemExit, match="not paired"):
+        compare([(old, result({"snapped": []}, seed=43))])

@@ -406,6 +406,14 @@ def test_word_titles_share_one_word_with_the_role_and_leave_earlier_titles_alone
         TrainConfig(task="notes", notes_title_word_share=-0.1).validate()
 
 
+def _assert_within_budget_with_evidence(tokenizer, sample, chunk_tokens: int):
+    """Every chunk within its token budget, and every evidence sentence in some chunk (the openers the
+    the_opening knobs add must take their room from the filler, never from the facts)."""
+    assert all(len(tokenizer.encode(c)) <= chunk_tokens for c in sample.chunks)
+    evidence = [e for per in sample.meta["evidence"] for e in per]
+    assert evidence and all(any(e in c for c in sample.chunks) for e in evidence)
+
+
 def test_the_openings_open_every_inner_chunk_with_the_and_keep_the_evidence(smol_tokenizer):
     """notes_the_opening_share: every chunk after a document's first opens with an essay sentence that
     begins "The " (the opening the default's notes copy, docs/notes-model.md, session 17), whatever the
@@ -427,9 +435,7 @@ def test_the_openings_open_every_inner_chunk_with_the_and_keep_the_evidence(smol
             first = c.split("\n")[0].split(". ")[0]
             assert c.startswith("The ") and len(smol_tokenizer.encode(first)) <= OPENER_TOKENS + 2
             inner += 1
-        assert all(len(smol_tokenizer.encode(c)) <= 256 for c in b.chunks)
-        evidence = [e for per in b.meta["evidence"] for e in per]
-        assert evidence and all(any(e in c for c in b.chunks) for e in evidence)
+        _assert_within_budget_with_evidence(smol_tokenizer, b, 256)
         assert b.chunks[0].startswith(b.meta["title"]) if "title" in b.meta else True
     assert inner >= 24
     not_the = sum(not c.startswith("The ") for i in range(24) for c in plain.sample(i).chunks[1:])
@@ -705,18 +711,15 @@ def test_reads_from_the_middle_open_every_chunk_with_the(smol_tokenizer):
 
     kw = dict(chunk_tokens=256, max_chunks=2, memory_tokens=64, seed=7, qa_share=0.0, prose_share=0.5,
               min_chunks=1, late_share=0.5, title_share=1.0, the_opening_share=1.0)
-    before, zero, middle = (NotesTask(smol_tokenizer, **kw), NotesTask(smol_tokenizer, the_first_share=0.0, **kw),
-                            NotesTask(smol_tokenizer, the_first_share=1.0, **kw))
+    tasks = [NotesTask(smol_tokenizer, **kw)] + [NotesTask(smol_tokenizer, the_first_share=x, **kw) for x in (0.0, 1.0)]
     one_chunk = 0
     for i in range(24):
-        a, z, b = before.sample(i), zero.sample(i), middle.sample(i)
+        a, z, b = (t.sample(i) for t in tasks)
         assert (a.question, a.chunks) == (z.question, z.chunks) and "read_from_middle" not in z.meta
         assert "title" in a.meta  # titled before the knob: so the knob below changes the document
         assert b.meta["read_from_middle"] and "title" not in b.meta
         assert all(c.startswith("The ") for c in b.chunks)
-        assert all(len(smol_tokenizer.encode(c)) <= 256 for c in b.chunks)
-        evidence = [e for per in b.meta["evidence"] for e in per]
-        assert evidence and all(any(e in c for c in b.chunks) for e in evidence)
+        _assert_within_budget_with_evidence(smol_tokenizer, b, 256)
         one_chunk += len(b.chunks) == 1
     assert one_chunk >= 4
     half = NotesTask(smol_tokenizer, the_first_share=0.5, **kw)
