@@ -100,9 +100,11 @@ def compare(pairs: list[tuple[dict, dict]]) -> dict:
     read on the same documents by every adapter (which ones exist depends on the document only)."""
     cells, total = [], {"gained": 0, "lost": 0}
     for old, new in pairs:
+        seed = old.get("seed", 42)  # files written before --seed read the grid's documents
+        if len(old["cells"]) != len(new["cells"]) or seed != new.get("seed", 42):
+            raise SystemExit("--compare: the two files did not read the same cells of the same seed: not paired")
         for co, cn in zip(old["cells"], new["cells"]):
-            if (co["task"], co["length"], co.get("seed", old.get("seed", 42))) != \
-                    (cn["task"], cn["length"], cn.get("seed", new.get("seed", 42))):
+            if (co["task"], co["length"]) != (cn["task"], cn["length"]):
                 raise SystemExit(f"--compare: {co['task']}@{co['length']} is not paired with {cn['task']}@{cn['length']}")
             for shape in sorted(co["shapes"].keys() & cn["shapes"].keys()):
                 so, sn = co["shapes"][shape], cn["shapes"][shape]
@@ -110,10 +112,10 @@ def compare(pairs: list[tuple[dict, dict]]) -> dict:
                 gained, lost = len(wo - wn), len(wn - wo)
                 total["gained"] += gained
                 total["lost"] += lost
-                cells.append({"task": co["task"], "length": co["length"], "seed": old.get("seed", 42), "shape": shape,
+                cells.append({"task": co["task"], "length": co["length"], "seed": seed, "shape": shape,
                               "read": so["read"], "right_before": so["right"], "right_after": sn["right"],
                               "gained": gained, "lost": lost, "p": round(sign_test(gained, gained + lost), 4)})
-                print(f"{co['task']}@{format_length(co['length'])} seed {old.get('seed', 42)} {shape}: "
+                print(f"{co['task']}@{format_length(co['length'])} seed {seed} {shape}: "
                       f"{so['right']} -> {sn['right']} of {so['read']} ({gained} gained, {lost} lost)")
     total["p"] = round(sign_test(total["gained"], total["gained"] + total["lost"]), 6)
     return {"cells": cells, "total": total}

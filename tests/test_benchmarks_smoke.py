@@ -479,3 +479,30 @@ def test_needle_chunk_alone_compare_pairs_documents_by_their_wrong_reads(monkeyp
         compare([(old, result({"snapped": []}, task="niah_single_3"))])
     with pytest.raises(SystemExit, match="not paired"):
         compare([(old, result({"snapped": []}, seed=43))])
+    with pytest.raises(SystemExit, match="not paired"):
+        compare([(old, {"cells": []})])  # a cell missing from one file is refused, not dropped by zip
+
+
+def test_reads_copying_openings_counts_round_29s_kept_reads(monkeypatch):
+    """benchmarks/reads_copying_openings.py on round 29's kept reads: the one-chunk reads from the middle of
+    a text show the copy (10 of 25 wrong), the two-chunk ones never do; a config that draws other
+    questions is refused instead of counted."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from reads_copying_openings import count
+
+    from memagent import models
+    from memagent.rl.config import load_config
+    from memagent.rl.data import make_task
+    from memagent.rl.rft import load_rollouts
+    from memagent.tokenizer import HFTokenizer
+
+    reads = load_rollouts(ROOT / "benchmarks/results/dapo29_notes_0.5b/rollouts.jsonl.gz")
+    config = load_config(ROOT / "configs/notes-qwen0.5b-dapo29-collect.toml")
+    tok = HFTokenizer.from_file(models.tokenizer_path(config.model))
+    got = count(reads, make_task(config, tok))
+    assert got["middle, 1 chunk"] == {"documents": 7, "reads": 56, "right": 31, "mixed_groups": 4,
+                                      "wrong_notes_quote_an_opening": 10}
+    assert got["middle, 2 chunks"]["wrong_notes_quote_an_opening"] == 0
+    assert sum(t["reads"] for t in got.values()) == 192
+    with pytest.raises(SystemExit, match="another question"):
+        count(reads, make_task(load_config(ROOT / "configs/notes-qwen0.5b-dapo28-collect.toml"), tok))
